@@ -1,0 +1,72 @@
+"""Building blocks shared by the package's networks."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+ACTIVATIONS = ("leaky_relu", "relu", "abs", "linear", "sigmoid", "softplus", "tanh")
+
+
+class LeakyReLUFamily(nn.Module):
+    """``rho(z) = gamma * z`` for ``z >= 0`` and ``beta * z`` for ``z < 0``.
+
+    ReLU is ``beta=0, gamma=1``, Leaky-ReLU ``beta=0.01``, absolute value ``beta=-1, gamma=1`` and the
+    identity ``beta=gamma=1``.
+    """
+
+    def __init__(self, beta: float = 0.1, gamma: float = 1.0) -> None:
+        super().__init__()
+        self.beta = float(beta)
+        self.gamma = float(gamma)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.where(z >= 0, self.gamma * z, self.beta * z)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, gamma={self.gamma}"
+
+
+def make_activation(name: str, beta: float = 0.1, gamma: float = 1.0) -> nn.Module:
+    """Activation module by name; ``beta``/``gamma`` apply to the Leaky-ReLU family only."""
+    if name == "leaky_relu":
+        return LeakyReLUFamily(beta, gamma)
+    if name == "relu":
+        return LeakyReLUFamily(0.0, 1.0)
+    if name == "abs":
+        return LeakyReLUFamily(-1.0, 1.0)
+    if name == "linear":
+        return LeakyReLUFamily(1.0, 1.0)
+    if name == "sigmoid":
+        return nn.Sigmoid()
+    if name == "softplus":
+        return nn.Softplus()
+    if name == "tanh":
+        return nn.Tanh()
+    raise ValueError(f"`activation` can be {', '.join(ACTIVATIONS)}, got {name!r}")
+
+
+def mlp_sequential(
+    in_features: int,
+    widths: Sequence[int],
+    out_features: int,
+    activation: str = "leaky_relu",
+    beta: float = 0.1,
+    gamma: float = 1.0,
+    bias: bool = True,
+    flatten: bool = True,
+) -> nn.Sequential:
+    """``Flatten, Linear, act, ..., Linear(out_features)``: the chain the path-space maths reads."""
+    if in_features < 1 or out_features < 1 or any(w < 1 for w in widths):
+        raise ValueError(
+            f"sizes must be positive, got in_features={in_features}, widths={list(widths)}, "
+            f"out_features={out_features}"
+        )
+    layers: list[nn.Module] = [nn.Flatten()] if flatten else []
+    fan_in = in_features
+    for width in widths:
+        layers += [nn.Linear(fan_in, width, bias=bias), make_activation(activation, beta, gamma)]
+        fan_in = width
+    layers.append(nn.Linear(fan_in, out_features, bias=bias))
+    return nn.Sequential(*layers)
