@@ -1,0 +1,266 @@
+"""Path space of Leaky-ReLU-family networks (DESIGN.md §1).
+
+A network without biases computes ``N(x) = <phi(x), wbar>`` with ``phi(x) = sigma_d(x) ⊗ … ⊗ sigma_1(x) ⊗ x``
+and ``wbar`` the products of weights along paths. Nothing here materialises ``phi`` or ``wbar``: kernels
+factor over layers and path norms are forward passes of element-wise squared weights.
+
+All functions compute in the dtype of the :class:`PathNetwork` (float64 by default); inputs are cast to it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PathNetwork",
+    "PathSigns",
+    "forward_with_slopes",
+    "path_kernel",
+    "path_norm_squared",
+    "path_signs",
+    "slopes",
+    "unique_patterns",
+]
+
+
+def slopes(z: Tensor, beta: float, gamma: float) -> Tensor:
+    """Slope of ``rho(z) = gamma*z (z >= 0), beta*z (z < 0)`` at each pre-activation: ``gamma`` at ``z == 0``."""
+    return torch.where(z >= 0, torch.tensor(gamma, dtype=z.dtype), torch.tensor(beta, dtype=z.dtype))
+
+
+@dataclass(frozen=True)
+class PathNetwork:
+    """The fully connected Leaky-ReLU-family part of a network, in the dtype of the analysis.
+
+    Attributes:
+        weights: ``A_0 (Ω_1×f), A_1, …, A_d (1×Ω_d)``.
+        biases: ``b_1, …, b_d, b_{d+1}`` or ``None`` for a network without biases.
+        betas: negative-side slope of each hidden layer (``d`` values).
+        gammas: positive-side slope of each hidden layer.
+    """
+
+    weights: tuple[Tensor, ...]
+    biases: tuple[Tensor, ...] | None
+    betas: tuple[float, ...]
+    gammas: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        depth = len(self.weights) - 1
+        if depth < 0:
+            raise ValueError("a PathNetwork needs at least one weight matrix")
+        if len(self.betas) != depth or len(self.gammas) != depth:
+            raise ValueError(
+                f"need one (beta, gamma) per hidden layer: {depth} hidden layers, got "
+                f"{len(self.betas)} betas and {len(self.gammas)} gammas"
+            )
+        for k in range(1, depth + 1):
+            if self.weights[k].shape[1] != self.weights[k - 1].shape[0]:
+                raise ValueError(
+                    f"weights[{k}] has shape {tuple(self.weights[k].shape)} but weights[{k - 1}] has "
+                    f"{self.weights[k - 1].shape[0]} outputs"
+                )
+        if self.weights[-1].shape[0] != 1:
+            raise ValueError(f"the output layer must have 1 unit, got {self.weights[-1].shape[0]}")
+        if self.biases is not None and [b.shape[0] for b in self.biases] != [w.shape[0] for w in self.weights]:
+            raise ValueError(
+                f"bias sizes {[b.shape[0] for b in self.biases]} do not match layer widths "
+                f"{[w.shape[0] for w in self.weights]}"
+            )
+
+    @classmethod
+    def from_tensors(
+        cls,
+        weights: Sequence[Tensor],
+        biases: Sequence[Tensor] | None,
+        betas: Sequence[float],
+        gammas: Sequence[float],
+        dtype: torch.dtype = torch.float64,
+    ) -> "PathNetwork":
+        """Detached copies on the CPU in ``dtype``."""
+        cast = lambda ts: tuple(t.detach().to("cpu", dtype).clone() for t in ts)  # noqa: E731
+        return cls(cast(weights), None if biases is None else cast(biases), tuple(map(float, betas)),
+                   tuple(map(float, gammas)))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights[0].dtype
+
+    @property
+    def depth(self) -> int:
+        """Number of hidden layers ``d``."""
+        return len(self.weights) - 1
+
+    @property
+    def in_features(self) -> int:
+        return self.weights[0].shape[1]
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        return tuple(w.shape[0] for w in self.weights[:-1])
+
+    @property
+    def num_paths(self) -> int:
+        """Coordinates of path space: ``f·Ω_1···Ω_d`` plus, with biases, the paths seeded at each layer."""
+        widths = self.hidden_widths
+        count = self.in_features * math.prod(widths)
+        if self.biases is not None:
+            count += 1 + sum(math.prod(widths[k:]) for k in range(len(widths)))
+        return count
+
+
+def forward_with_slopes(net: PathNetwork, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Network output ``N(x)`` (shape ``(n,)``) and the slopes ``sigma_l(x)`` of each hidden layer."""
+    h = x.to(net.dtype).reshape(x.shape[0], -1)
+    if h.shape[1] != net.in_features:
+        raise ValueError(f"inputs have {h.shape[1]} features, the path network expects {net.in_features}")
+    layer_slopes = []
+    for k, a in enumerate(net.weights[:-1]):
+        z = h @ a.T
+        if net.biases is not None:
+            z = z + net.biases[k]
+        s = slopes(z, net.betas[k], net.gammas[k])
+        layer_slopes.append(s)
+        h = s * z
+    out = h @ net.weights[-1].T
+    if net.biases is not None:
+        out = out + net.biases[-1]
+    return out[:, 0], layer_slopes
+
+
+def _kernel_block(
+    x_a: Tensor, slopes_a: Sequence[Tensor], x_b: Tensor, slopes_b: Sequence[Tensor], bias: bool
+) -> Tensor:
+    grams = [s_a @ s_b.T for s_a, s_b in zip(slopes_a, slopes_b)]
+    input_gram = x_a @ x_b.T
+    if not bias:
+        for g in grams:
+            input_gram *= g
+        return input_gram
+    upper = torch.ones_like(input_gram)
+    total = torch.ones_like(input_gram)
+    for g in reversed(grams):
+        upper = upper * g
+        total += upper
+    return total + input_gram * upper
+
+
+def path_kernel(
+    x_a: Tensor,
+    slopes_a: Sequence[Tensor],
+    x_b: Tensor | None = None,
+    slopes_b: Sequence[Tensor] | None = None,
+    *,
+    bias: bool = False,
+    block_size: int | None = None,
+) -> Tensor:
+    """Path kernel ``K(x, x') = <phi(x), phi(x')>`` between two sets of samples.
+
+    Without biases ``K = (X_a X_bᵀ) ∘ Π_l (S_a,l S_b,lᵀ)``; with biases the paths seeded at each layer add
+    ``1 + Σ_k Π_{l>=k} G_l`` (DESIGN.md §1). Computed in blocks of rows of ``x_a``: cost
+    ``O(n_a·n_b·(f + Σ Ω_l))`` time, ``O(n_a·n_b)`` memory for the result plus one block of Gram matrices.
+
+    Args:
+        x_a: inputs of path space, ``(n_a, f)`` (flattened embeddings for CNN+FC networks).
+        slopes_a: per-layer slopes of ``x_a`` from :func:`forward_with_slopes`.
+        x_b, slopes_b: the second set; ``None`` for ``x_a`` itself.
+        bias: whether the network has biases.
+        block_size: rows per block; default keeps a block's Gram matrices near 32 MiB.
+
+    Returns:
+        ``(n_a, n_b)`` tensor in the dtype of ``x_a``.
+    """
+    if x_b is None:
+        x_b, slopes_b = x_a, slopes_a
+    if slopes_b is None or len(slopes_a) != len(slopes_b):
+        raise ValueError("slopes_a and slopes_b must list the same number of layers")
+    x_a, x_b = x_a.reshape(x_a.shape[0], -1), x_b.reshape(x_b.shape[0], -1)
+    if x_a.shape[1] != x_b.shape[1]:
+        raise ValueError(f"x_a has {x_a.shape[1]} features and x_b {x_b.shape[1]}")
+    n_a, n_b = x_a.shape[0], x_b.shape[0]
+    if block_size is None:
+        block_size = max(1, (1 << 22) // max(n_b, 1))
+    kernel = torch.empty(n_a, n_b, dtype=x_a.dtype)
+    x_b = x_b.to(x_a.dtype)
+    slopes_b = [s.to(x_a.dtype) for s in slopes_b]
+    for start in range(0, n_a, block_size):
+        rows = slice(start, start + block_size)
+        kernel[rows] = _kernel_block(x_a[rows], [s[rows] for s in slopes_a], x_b, slopes_b, bias)
+    return kernel
+
+
+def path_norm_squared(net: PathNetwork) -> float:
+    """``||wbar||²``: the squared weights multiplied along every path, summed (a forward pass of ones)."""
+    mass = torch.ones(net.in_features, dtype=net.dtype)
+    for k, a in enumerate(net.weights):
+        mass = (a * a) @ mass
+        if net.biases is not None:
+            mass = mass + net.biases[k] ** 2
+    return float(mass[0])
+
+
+@dataclass(frozen=True)
+class PathSigns:
+    """Signs of the path weights ``wbar``, summed over all paths without enumerating them."""
+
+    positive_mass: float
+    negative_mass: float
+    positive_count: float
+    negative_count: float
+    num_paths: int
+
+    @property
+    def positive_mass_fraction(self) -> float:
+        total = self.positive_mass + self.negative_mass
+        return self.positive_mass / total if total > 0 else float("nan")
+
+    @property
+    def positive_count_fraction(self) -> float:
+        return self.positive_count / self.num_paths
+
+    def to_metrics(self) -> dict[str, float]:
+        return {
+            "path_positive_mass_fraction": self.positive_mass_fraction,
+            "path_positive_count_fraction": self.positive_count_fraction,
+            "path_negative_count": self.negative_count,
+            "path_zero_count": self.num_paths - self.positive_count - self.negative_count,
+        }
+
+
+def path_signs(net: PathNetwork) -> PathSigns:
+    """Positive and negative path mass (sum of ``|wbar_p|``) and path counts by sign.
+
+    Dynamic programme over layers: the positive and negative mass entering each neuron obey
+    ``P' = A⁺P + A⁻N``, ``N' = A⁺N + A⁻P`` (``A⁺``, ``A⁻`` the positive and negative parts of ``A``);
+    counts use the indicators ``[A > 0]``, ``[A < 0]``. Counts are exact up to ``2**53`` paths.
+    """
+    def propagate(pos_part, neg_part, pos_bias, neg_bias):
+        pos = torch.ones(net.in_features, dtype=net.dtype)
+        neg = torch.zeros_like(pos)
+        for k, a in enumerate(net.weights):
+            pos, neg = pos_part(a) @ pos + neg_part(a) @ neg, pos_part(a) @ neg + neg_part(a) @ pos
+            if net.biases is not None:
+                pos, neg = pos + pos_bias(net.biases[k]), neg + neg_bias(net.biases[k])
+        return float(pos[0]), float(neg[0])
+
+    pos_mass, neg_mass = propagate(lambda a: a.clamp(min=0), lambda a: (-a).clamp(min=0),
+                                   lambda b: b.clamp(min=0), lambda b: (-b).clamp(min=0))
+    ind_pos, ind_neg = (lambda a: (a > 0).to(net.dtype)), (lambda a: (a < 0).to(net.dtype))
+    pos_count, neg_count = propagate(ind_pos, ind_neg, ind_pos, ind_neg)
+    return PathSigns(pos_mass, neg_mass, pos_count, neg_count, net.num_paths)
+
+
+def unique_patterns(*slope_sets: Sequence[Tensor], gammas: Sequence[float]) -> int:
+    """Number of distinct activation patterns (all hidden slopes of a sample) across the given sets."""
+    bits = torch.cat(
+        [torch.cat([s == g for s, g in zip(layer_slopes, gammas)], dim=1) for layer_slopes in slope_sets]
+    )
+    if bits.shape[0] == 0:
+        return 0
+    pad = (-bits.shape[1]) % 8
+    bits = torch.nn.functional.pad(bits.to(torch.uint8), (0, pad)).reshape(bits.shape[0], -1, 8)
+    packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    return int(torch.unique(packed, dim=0).shape[0])

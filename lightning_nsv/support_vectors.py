@@ -1,0 +1,214 @@
+"""Network support vectors: the max-margin classifier in path space of a network at zero training error.
+
+Pure functions over a :class:`~lightning_nsv.path_space.PathNetwork` and tensors (DESIGN.md §2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
+from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_norm_squared, unique_patterns
+
+__all__ = ["SupportVectorAnalysis", "compression_bound", "network_support_vectors", "signed_labels"]
+
+
+def signed_labels(y: Tensor) -> Tensor:
+    """Labels in ``{-1, +1}`` from ``{0, 1}``, booleans or ``{-1, +1}``."""
+    values = set(torch.unique(y).tolist())
+    if not values <= {0, 1, -1}:
+        raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)}")
+    return torch.where(y > 0, 1.0, -1.0).to(torch.float64)
+
+
+def compression_bound(m: int, s: int, n_hidden: int, delta: float = 0.05) -> float:
+    """Sample-compression bound on the test error, holding with probability ``>= 1 − delta``.
+
+    ``(n·s·ln 2 + ln C(m, s) + ln(m/δ)) / (m − s)``: a compression set of ``s`` samples with ``n`` bits of
+    side information each (the activation pattern of the ``n`` hidden neurons). Returned even when above 1;
+    ``inf`` when ``s == m``.
+    """
+    if not 0 <= s <= m or m < 1:
+        raise ValueError(f"need 0 <= s <= m and m >= 1, got s={s}, m={m}")
+    if not 0 < delta < 1:
+        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
+    if s == m:
+        return math.inf
+    log_binom = math.lgamma(m + 1) - math.lgamma(s + 1) - math.lgamma(m - s + 1)
+    return (n_hidden * s * math.log(2) + log_binom + math.log(m / delta)) / (m - s)
+
+
+@dataclass(frozen=True)
+class SupportVectorAnalysis:
+    """What the max-margin classifier in path space says about a network at zero training error.
+
+    Attributes:
+        svm: the max-margin solution (α, support vectors, KKT residual).
+        m: training samples.
+        network_margin: ``min_j y_j N(x_j) / ||wbar||``.
+        margin_ratio: ``network_margin / svm.margin`` (≤ 1; 1 iff the network is the max-margin classifier).
+        cosine: cosine of ``wbar`` and the max-margin direction ``v`` in path space.
+        wbar_norm: ``||wbar||``.
+        unique_patterns_train / unique_patterns_val: distinct activation patterns.
+        val_agreement: fraction of validation samples where ``sign N(x)`` equals the SVM's prediction.
+        val_errors_network / val_errors_svm / val_errors_both: misclassified validation samples.
+        bound: sample-compression bound with ``n_hidden`` bits per support vector.
+        val_predictions: ``(network, svm)`` predictions in ``{-1, +1}`` on the validation set.
+    """
+
+    svm: MaxMarginResult
+    m: int
+    n_hidden: int
+    network_margin: float
+    margin_ratio: float
+    cosine: float
+    wbar_norm: float
+    unique_patterns_train: int
+    bound: float
+    delta: float
+    unique_patterns_val: int | None = None
+    val_agreement: float | None = None
+    val_errors_network: int | None = None
+    val_errors_svm: int | None = None
+    val_errors_both: int | None = None
+    val_predictions: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def n_support(self) -> int:
+        return self.svm.n_support_
+
+    def to_metrics(self) -> dict[str, float]:
+        metrics = {
+            **self.svm.to_metrics(),
+            "network_margin": self.network_margin,
+            "margin_ratio": self.margin_ratio,
+            "cosine_wbar_v": self.cosine,
+            "unique_patterns_train": float(self.unique_patterns_train),
+            "compression_bound": self.bound,
+        }
+        optional = {
+            "unique_patterns_val": self.unique_patterns_val,
+            "val_agreement": self.val_agreement,
+            "val_errors_network": self.val_errors_network,
+            "val_errors_svm": self.val_errors_svm,
+            "val_errors_both": self.val_errors_both,
+        }
+        metrics.update({k: float(v) for k, v in optional.items() if v is not None})
+        return metrics
+
+    def report(self) -> str:
+        """A short human-readable summary."""
+        lines = [
+            f"network support vectors: {self.n_support} of m={self.m} (s/m = {self.n_support / self.m:.4f}), "
+            f"solver {self.svm.method}, KKT residual {self.svm.kkt_residual:.1e}",
+            f"max margin 1/||v|| = {self.svm.margin:.4g}; network margin = {self.network_margin:.4g} "
+            f"(ratio {self.margin_ratio:.4f}); cosine(wbar, v) = {self.cosine:.4f}",
+            f"activation patterns: {self.unique_patterns_train} unique on train"
+            + ("" if self.unique_patterns_val is None else f", {self.unique_patterns_val} on validation"),
+        ]
+        if self.val_agreement is not None:
+            lines.append(
+                f"validation: network and SVM agree on {100 * self.val_agreement:.2f}%; errors network "
+                f"{self.val_errors_network}, SVM {self.val_errors_svm}, both {self.val_errors_both}"
+            )
+        lines.append(
+            f"compression bound (delta={self.delta}, {self.n_hidden} bits per support vector): {self.bound:.4g}"
+        )
+        return "\n".join(lines)
+
+
+def network_support_vectors(
+    net: PathNetwork,
+    x_train: Tensor,
+    y_train: Tensor,
+    x_val: Tensor | None = None,
+    y_val: Tensor | None = None,
+    *,
+    intercept: bool = False,
+    C: float = 1e7,
+    delta: float = 0.05,
+    block_size: int | None = None,
+) -> SupportVectorAnalysis:
+    """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
+
+    Cost: the dense ``m×m`` path kernel in float64 (``8·m²`` bytes; ``O(m²·(f + Σ Ω_l))`` time) and the
+    max-margin solve; validation needs the kernel between validation samples and support vectors only.
+
+    Args:
+        net: the path part at the frozen weights.
+        x_train, y_train: path-space inputs ``(m, f)`` and labels (0/1 or ±1).
+        x_val, y_val: optional held-out samples for agreement and pattern counts.
+        intercept: ``True`` for the paper's ``SVC`` protocol with an intercept.
+        C: penalty of the intercept protocol on the normalised kernel.
+        delta: confidence of the compression bound.
+        block_size: rows per block of the kernel computation.
+
+    Raises:
+        NotSeparableError: when the network misclassifies a training sample (Assumption 1 fails).
+    """
+    y = signed_labels(y_train)
+    outputs, slopes_train = forward_with_slopes(net, x_train)
+    predictions = torch.where(outputs >= 0, 1.0, -1.0).to(torch.float64)
+    errors = int((predictions != y).sum())
+    if errors:
+        raise NotSeparableError(
+            f"the network misclassifies {errors} of {len(y)} training samples: the support-vector analysis "
+            "needs zero training error (Assumption 1)"
+        )
+    x_train = x_train.to(net.dtype).reshape(len(y), -1)
+    bias = net.biases is not None
+    kernel = path_kernel(x_train, slopes_train, bias=bias, block_size=block_size)
+    svm = max_margin(kernel, y, intercept=intercept, C=C)
+    del kernel
+
+    wbar_norm = math.sqrt(path_norm_squared(net))
+    alpha = torch.from_numpy(svm.alpha_)
+    wbar_dot_v = float((alpha * y * outputs).sum())
+    cosine = wbar_dot_v / (wbar_norm * math.sqrt(svm.norm_v_sq))
+    network_margin = float((y * outputs).min()) / wbar_norm
+    n_hidden = sum(net.hidden_widths)
+    analysis = dict(
+        svm=svm,
+        m=len(y),
+        n_hidden=n_hidden,
+        network_margin=network_margin,
+        margin_ratio=network_margin / svm.margin,
+        cosine=cosine,
+        wbar_norm=wbar_norm,
+        unique_patterns_train=unique_patterns(slopes_train, gammas=net.gammas),
+        bound=compression_bound(len(y), svm.n_support_, n_hidden, delta),
+        delta=delta,
+    )
+    if x_val is not None:
+        analysis.update(_validation(net, x_train, slopes_train, y, svm, x_val, y_val, bias, block_size))
+    return SupportVectorAnalysis(**analysis)
+
+
+def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, bias, block_size) -> dict:
+    val_outputs, slopes_val = forward_with_slopes(net, x_val)
+    sv = torch.from_numpy(svm.support_)
+    cross = path_kernel(
+        x_val.to(net.dtype).reshape(len(val_outputs), -1), slopes_val,
+        x_train[sv], [s[sv] for s in slopes_train], bias=bias, block_size=block_size,
+    )
+    coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[sv]
+    svm_pred = torch.where(cross @ coef + svm.intercept_ >= 0, 1.0, -1.0).to(torch.float64)
+    net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to(torch.float64)
+    result = {
+        "unique_patterns_val": unique_patterns(slopes_val, gammas=net.gammas),
+        "val_agreement": float((svm_pred == net_pred).to(torch.float64).mean()) if len(net_pred) else float("nan"),
+        "val_predictions": (net_pred, svm_pred),
+    }
+    if y_val is not None:
+        target = signed_labels(y_val)
+        net_wrong, svm_wrong = net_pred != target, svm_pred != target
+        result.update(
+            val_errors_network=int(net_wrong.sum()),
+            val_errors_svm=int(svm_wrong.sum()),
+            val_errors_both=int((net_wrong & svm_wrong).sum()),
+        )
+    return result
