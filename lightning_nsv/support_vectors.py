@@ -7,12 +7,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_norm_squared, unique_patterns
+from lightning_nsv.path_space import (
+    PathNetwork,
+    PathSigns,
+    forward_with_slopes,
+    path_kernel,
+    path_norm_squared,
+    path_signs,
+    unique_patterns,
+)
 
 __all__ = ["SupportVectorAnalysis", "compression_bound", "network_support_vectors", "signed_labels"]
 
@@ -57,6 +64,7 @@ class SupportVectorAnalysis:
         val_agreement: fraction of validation samples where ``sign N(x)`` equals the SVM's prediction.
         val_errors_network / val_errors_svm / val_errors_both: misclassified validation samples.
         bound: sample-compression bound with ``n_hidden`` bits per support vector.
+        signs: signs of the path weights ``wbar`` (fractions of paths and of path mass that are positive).
         val_predictions: ``(network, svm)`` predictions in ``{-1, +1}`` on the validation set.
     """
 
@@ -70,6 +78,7 @@ class SupportVectorAnalysis:
     unique_patterns_train: int
     bound: float
     delta: float
+    signs: PathSigns
     unique_patterns_val: int | None = None
     val_agreement: float | None = None
     val_errors_network: int | None = None
@@ -89,6 +98,7 @@ class SupportVectorAnalysis:
             "cosine_wbar_v": self.cosine,
             "unique_patterns_train": float(self.unique_patterns_train),
             "compression_bound": self.bound,
+            **self.signs.to_metrics(),
         }
         optional = {
             "unique_patterns_val": self.unique_patterns_val,
@@ -182,6 +192,7 @@ def network_support_vectors(
         unique_patterns_train=unique_patterns(slopes_train, gammas=net.gammas),
         bound=compression_bound(len(y), svm.n_support_, n_hidden, delta),
         delta=delta,
+        signs=path_signs(net),
     )
     if x_val is not None:
         analysis.update(_validation(net, x_train, slopes_train, y, svm, x_val, y_val, bias, block_size))
