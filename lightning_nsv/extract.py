@@ -86,10 +86,7 @@ def _resolve(module: nn.Module, dotted: str, what: str) -> nn.Module:
 def _find_sequential(module: nn.Module) -> tuple[str, nn.Sequential]:
     if isinstance(module, nn.Sequential):
         return type(module).__name__, module
-    candidates = [
-        (name, sub) for name, sub in module.named_modules()
-        if isinstance(sub, nn.Sequential) and any(isinstance(s, nn.Linear) for s in sub.children())
-    ]
+    candidates = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Sequential)]
     outermost = [(n, s) for n, s in candidates if not any(n.startswith(o + ".") for o, _ in candidates if o != n)]
     if len(outermost) != 1:
         found = ", ".join(n for n, _ in outermost) or "none"
@@ -103,8 +100,8 @@ def _find_sequential(module: nn.Module) -> tuple[str, nn.Sequential]:
 def find_path_part(module: nn.Module, path_module: str | None = None, embedding: str | None = None) -> PathPart:
     """Locate the Linear/Leaky-ReLU chain that ends a network.
 
-    Without arguments the module itself (if an ``nn.Sequential``) or its only ``nn.Sequential`` containing a
-    Linear layer is read; the layers after its last ``nn.Flatten`` form the head and those up to it the trunk.
+    Without arguments the module itself (if an ``nn.Sequential``) or its only outermost ``nn.Sequential`` is
+    read; the layers after its last ``nn.Flatten`` form the head and those up to it the trunk.
 
     Args:
         module: the network or LightningModule.

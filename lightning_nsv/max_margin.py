@@ -25,6 +25,7 @@ import torch
 __all__ = ["MaxMarginResult", "NotSeparableError", "max_margin"]
 
 KernelColumns = Callable[[np.ndarray], np.ndarray]
+LIBSVM_TOL = 1e-5
 
 
 class NotSeparableError(ValueError):
@@ -44,7 +45,8 @@ class MaxMarginResult:
         kkt_residual: largest violation of the optimality conditions, in units of functional margin:
             ``max(max_i (1 − y_i f(x_i))_+, max_{i ∈ support} |y_i f(x_i) − 1|)`` (free support vectors only
             with intercept), plus ``|Σ α_i y_i|`` relative to ``Σ α_i`` with intercept.
-        n_margin_violations: training samples with ``y_i f(x_i) < 1 − 1e-6``.
+        n_margin_violations: training samples with ``y_i f(x_i) < 1 − 1e-6`` (``1 − 1e-4`` for libsvm, whose
+            stopping tolerance is ``1e-5``).
         kernel_scale: ``c``, the mean diagonal the kernel was divided by.
         C_effective: penalty on the raw kernel (``inf`` for the exact hard-margin solver).
         n_at_bound: support vectors with ``α = C`` (soft-margin ones; should be 0).
@@ -145,7 +147,7 @@ def max_margin(
     return _active_set(lambda idx: columns(idx) / scale, y, scale, tol, max_iter, initial)
 
 
-def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterations, method):
+def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterations, method, slack=1e-6):
     support = np.flatnonzero(alpha_n > 0)
     norm_v_sq_n = float(alpha_n[support] @ (margins_n[support] - intercept * y[support]))
     return MaxMarginResult(
@@ -155,7 +157,7 @@ def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterat
         norm_v_sq=norm_v_sq_n / scale,
         margin=1.0 / math.sqrt(norm_v_sq_n / scale) if norm_v_sq_n > 0 else float("inf"),
         kkt_residual=float(kkt),
-        n_margin_violations=int(np.sum(margins_n < 1 - 1e-6)),
+        n_margin_violations=int(np.sum(margins_n < 1 - slack)),
         kernel_scale=scale,
         C_effective=C_eff,
         n_at_bound=n_bound,
@@ -168,7 +170,7 @@ def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterat
 def _svc_with_intercept(kernel_n: np.ndarray, y: np.ndarray, scale: float, C: float) -> MaxMarginResult:
     from sklearn.svm import SVC
 
-    svc = SVC(kernel="precomputed", C=C, tol=1e-5, shrinking=False, max_iter=-1)
+    svc = SVC(kernel="precomputed", C=C, tol=LIBSVM_TOL, shrinking=False, max_iter=-1)
     svc.fit(kernel_n, y)
     alpha_n = np.zeros(y.shape[0])
     alpha_n[svc.support_] = np.abs(svc.dual_coef_[0])
@@ -187,7 +189,8 @@ def _svc_with_intercept(kernel_n: np.ndarray, y: np.ndarray, scale: float, C: fl
             "soft-margin. Increase C.",
             stacklevel=3,
         )
-    return _result(alpha_n, y, margins, scale, b, kkt, int(at_bound.sum()), C / scale, 0, "libsvm")
+    return _result(alpha_n, y, margins, scale, b, kkt, int(at_bound.sum()), C / scale, 0, "libsvm",
+                   slack=10 * LIBSVM_TOL)
 
 
 class _FreeSet:

@@ -254,7 +254,12 @@ def path_signs(net: PathNetwork) -> PathSigns:
 
 
 def unique_patterns(*slope_sets: Sequence[Tensor], gammas: Sequence[float]) -> int:
-    """Number of distinct activation patterns (all hidden slopes of a sample) across the given sets."""
+    """Number of distinct activation patterns (all hidden slopes of a sample) across the given sets.
+
+    A network without hidden layers has one (empty) pattern.
+    """
+    if not gammas:
+        return 1
     bits = torch.cat(
         [torch.cat([s == g for s, g in zip(layer_slopes, gammas)], dim=1) for layer_slopes in slope_sets]
     )

@@ -158,16 +158,18 @@ def network_support_vectors(
         block_size: rows per block of the kernel computation.
 
     Raises:
-        NotSeparableError: when the network misclassifies a training sample (Assumption 1 fails).
+        NotSeparableError: when ``y·N(x) <= 0`` for a training sample (Assumption 1 fails). A sample with
+            ``N(x) = 0`` counts as an error here: it has no margin, whatever ``sign(0)`` says.
     """
     y = signed_labels(y_train)
     outputs, slopes_train = forward_with_slopes(net, x_train)
-    predictions = torch.where(outputs >= 0, 1.0, -1.0).to(torch.float64)
-    errors = int((predictions != y).sum())
+    errors = int((y * outputs <= 0).sum())
     if errors:
+        on_boundary = int((outputs == 0).sum())
         raise NotSeparableError(
-            f"the network misclassifies {errors} of {len(y)} training samples: the support-vector analysis "
-            "needs zero training error (Assumption 1)"
+            f"the network misclassifies {errors} of {len(y)} training samples ({on_boundary} of them with "
+            "N(x) = 0, e.g. all units of a layer inactive): the support-vector analysis needs y·N(x) > 0 on "
+            "every training sample (Assumption 1)"
         )
     x_train = x_train.to(net.dtype).reshape(len(y), -1)
     bias = net.biases is not None

@@ -32,7 +32,7 @@ class NetworkSupportVectors(Callback):
     """Fits the max-margin classifier in path space once the network reaches zero training error.
 
     At the end of every ``every_n_epochs``-th training epoch the callback checks Assumption 1 of Snyder &
-    Vishwanath (every training sample classified correctly, weights frozen, in float64) on the whole
+    Vishwanath (``y·N(x) > 0`` for every training sample, weights frozen, in float64) on the whole
     training set. The check is cheap while the network is far from zero error: samples misclassified at the
     last check and a random probe of ``probe_size`` samples are tried first, and the full pass stops at the
     first misclassified batch. At the first zero-error epoch the activation patterns are frozen, the path
@@ -50,7 +50,9 @@ class NetworkSupportVectors(Callback):
     Args:
         every_n_epochs: check zero training error every this many epochs.
         probe_size: random training samples tried before a full pass.
-        stop_on_zero_error: stop training once the analysis ran.
+        stop_on_zero_error: stop training once the analysis ran. With ``False`` training goes on and the
+            analysis is repeated every ``every_n_epochs`` epochs while the training error stays zero, so that
+            TensorBoard shows how the network approaches (or not) the max-margin classifier.
         intercept: fit the SVM with an intercept (the paper's ``SVC`` protocol) instead of through the origin.
         C: penalty of the intercept protocol on the kernel normalised by its mean diagonal.
         delta: confidence of the compression bound.
@@ -65,7 +67,7 @@ class NetworkSupportVectors(Callback):
         ValueError: on arguments out of range.
         UnsupportedNetworkError: at ``setup`` when the module has no supported path part.
 
-    Logged metrics (``nsv/`` prefix, logged once, at the zero-error epoch, plus ``nsv/zero_error_epoch``):
+    Logged metrics (``nsv/`` prefix, at each analysis, plus ``nsv/zero_error_epoch``, the first such epoch):
         ``n_support``, ``support_fraction`` (s/m), ``svm_margin`` (1/||v||), ``network_margin``
         (min y N(x) / ||w̄||), ``margin_ratio``, ``cosine_wbar_v``, ``kkt_residual``, ``svm_margin_violations``,
         ``svm_alpha_at_bound``, ``unique_patterns_train``, ``unique_patterns_val``, ``val_agreement``,
@@ -170,7 +172,7 @@ class NetworkSupportVectors(Callback):
         return (
             trainer.sanity_checking
             or bool(trainer.fast_dev_run)
-            or self.zero_error_epoch is not None
+            or (self.zero_error_epoch is not None and self.stop_on_zero_error)
             or (trainer.current_epoch + 1) % self.every_n_epochs != 0
         )
 
@@ -221,11 +223,12 @@ class NetworkSupportVectors(Callback):
         if trainer.is_global_zero:
             metrics = self._analyse(trainer, pl_module, dataset, net)
         metrics = trainer.strategy.broadcast(metrics, src=0)
-        self.zero_error_epoch = trainer.current_epoch
+        if self.zero_error_epoch is None:
+            self.zero_error_epoch = trainer.current_epoch
         self.metrics = metrics
         for key, value in metrics.items():
             pl_module.log(f"nsv/{key}", value, on_step=False, on_epoch=True)
-        pl_module.log("nsv/zero_error_epoch", float(trainer.current_epoch), on_step=False, on_epoch=True)
+        pl_module.log("nsv/zero_error_epoch", float(self.zero_error_epoch), on_step=False, on_epoch=True)
         if self.stop_on_zero_error:
             trainer.should_stop = True
 
@@ -235,7 +238,7 @@ class NetworkSupportVectors(Callback):
             chunk = indices[start:start + self.batch_size]
             x, y = _collate([dataset[i] for i in chunk])
             outputs, _ = forward_with_slopes(net, self._path.embed(x.to(pl_module.device)).cpu())
-            bad = torch.where(outputs >= 0, 1.0, -1.0).to(torch.float64) != signed_labels(y)
+            bad = signed_labels(y) * outputs <= 0
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
             if wrong and stop_early:
                 break

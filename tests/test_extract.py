@@ -1,0 +1,89 @@
+import pytest
+import torch
+from torch import nn
+
+from lightning_nsv.extract import UnsupportedNetworkError, find_path_part
+from lightning_nsv.models import LeakyReLUFamily, LeakyReLUMLP
+from lightning_nsv.path_space import forward_with_slopes
+
+
+def head_output(part, x):
+    return forward_with_slopes(part.path_network(), part.embed(x))[0]
+
+
+def test_reads_sequential_with_every_supported_activation():
+    torch.manual_seed(0)
+    seq = nn.Sequential(
+        nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Dropout(0.0), nn.Linear(5, 4), nn.LeakyReLU(0.2),
+        nn.Linear(4, 3), LeakyReLUFamily(-1.0, 1.0), nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 1),
+    )
+    part = find_path_part(seq)
+    assert part.betas == (0.0, 0.2, -1.0, 1.0)
+    assert part.gammas == (1.0, 1.0, 1.0, 1.0)
+    assert part.num_hidden_units == 5 + 4 + 3 + 3
+    x = torch.randn(9, 3, 4)
+    torch.testing.assert_close(head_output(part, x), seq(x)[:, 0].double(), rtol=1e-5, atol=1e-6)
+
+
+def test_trunk_before_flatten_is_the_embedding():
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(32, 4), nn.ReLU(),
+                        nn.Linear(4, 1, bias=False))
+    part = find_path_part(seq)
+    x = torch.randn(5, 1, 4, 4)
+    assert part.embed(x).shape == (5, 32)
+    assert part.has_bias
+    torch.testing.assert_close(head_output(part, x), seq(x)[:, 0].double(), rtol=1e-5, atol=1e-6)
+
+
+def test_finds_the_sequential_of_a_lightning_module_and_named_parts():
+    model = LeakyReLUMLP(in_features=64, widths=[8, 8], beta=0.3)
+    part = find_path_part(model)
+    assert part.name == "LeakyReLUMLP.net" and part.betas == (0.3, 0.3)
+
+    class TwoParts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten())
+            self.head = nn.Sequential(nn.Linear(8, 3), nn.ReLU(), nn.Linear(3, 1))
+
+    module = TwoParts()
+    with pytest.raises(UnsupportedNetworkError, match="could not tell which nn.Sequential .*found: trunk, head"):
+        find_path_part(module)
+    part = find_path_part(module, path_module="head", embedding="trunk")
+    x = torch.randn(4, 1, 4, 4)
+    torch.testing.assert_close(head_output(part, x), module.head(module.trunk(x))[:, 0].double(), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ([nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)], r"Tanh\(\).*is not supported in the path part"),
+        ([nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 1)], r"BatchNorm1d.*is not supported"),
+        ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 10)], r"has 10 outputs; .*single logit"),
+        ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1), nn.Sigmoid()], r"Sigmoid\(\).*is not supported"),
+        ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1), nn.ReLU()], r"ends with an activation"),
+        ([nn.Linear(4, 3), nn.ReLU(), nn.ReLU(), nn.Linear(3, 1)], r"does not follow a Linear layer"),
+        ([nn.Conv2d(1, 1, 1), nn.Flatten()], r"has no Linear layer after its trunk"),
+    ],
+)
+def test_unsupported_heads_are_named(layers, message):
+    class UserNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.classifier = nn.Sequential(*layers)
+
+    with pytest.raises(UnsupportedNetworkError, match=message) as info:
+        find_path_part(UserNet())
+    assert "UserNet" in str(info.value)
+
+
+def test_bad_submodule_names():
+    model = LeakyReLUMLP(in_features=64, widths=[4])
+    with pytest.raises(UnsupportedNetworkError, match="has no submodule 'body'"):
+        find_path_part(model, path_module="body")
+    with pytest.raises(UnsupportedNetworkError, match=r"net.1 is a Linear; `path_module` must name an nn.Sequential"):
+        find_path_part(model, path_module="net.1")
+    with pytest.raises(UnsupportedNetworkError, match="found: none"):
+        find_path_part(nn.Module())

@@ -1,0 +1,134 @@
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.svm import SVC
+
+from lightning_nsv.max_margin import NotSeparableError, max_margin
+
+# Hand-solved: w ∝ (1, -1); the constraints of (2, 0) and (0, 2) are active, w = (1/2, -1/2), α = 1/4 each.
+HAND_X = np.array([[2.0, 0.0], [0.0, 2.0], [3.0, 0.0], [0.0, 3.0], [4.0, 1.0]])
+HAND_Y = np.array([1, -1, 1, -1, 1])
+
+
+def separable(m, f, seed, degree=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(m, f))
+    y = np.where(x @ rng.normal(size=f) >= 0, 1, -1)
+    return (x @ x.T + (degree > 1)) ** degree, y
+
+
+def enumerate_kkt(kernel, y):
+    """The unique α >= 0 with Q_SS α_S = 1 on its support and Qα >= 1 everywhere, by trying every support."""
+    q = kernel * np.outer(y, y)
+    m = len(y)
+    for size in range(1, m + 1):
+        for support in map(list, itertools.combinations(range(m), size)):
+            try:
+                a = np.linalg.solve(q[np.ix_(support, support)], np.ones(size))
+            except np.linalg.LinAlgError:
+                continue
+            alpha = np.zeros(m)
+            alpha[support] = a
+            if np.all(a > 0) and np.all(q @ alpha >= 1 - 1e-9):
+                return alpha
+    raise AssertionError("no KKT point")
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_hand_solved_toy(intercept):
+    result = max_margin(HAND_X @ HAND_X.T, HAND_Y, intercept=intercept)
+    assert result.support_.tolist() == [0, 1]
+    np.testing.assert_allclose(result.alpha_, [0.25, 0.25, 0, 0, 0], atol=1e-6)
+    assert result.margin == pytest.approx(np.sqrt(2), rel=1e-6)
+    assert result.intercept_ == pytest.approx(0.0, abs=1e-6)
+    assert result.n_margin_violations == 0
+    assert result.kkt_residual < (1e-12 if not intercept else 1e-4)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_matches_exhaustive_kkt_search(seed):
+    kernel, y = separable(8, 5, seed)
+    result = max_margin(kernel, y)
+    np.testing.assert_allclose(result.alpha_, enumerate_kkt(kernel, y), rtol=1e-8, atol=1e-10)
+    assert result.kkt_residual < 1e-10
+    assert result.norm_v_sq == pytest.approx(result.alpha_.sum(), rel=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_scikit_learn_on_symmetric_data(seed):
+    # With every sample mirrored (x, y) -> (-x, -y) the best intercept is 0, so both problems coincide.
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(60, 4))
+    y = np.where(x @ rng.normal(size=4) >= 0, 1, -1)
+    x, y = np.vstack([x, -x]), np.concatenate([y, -y])
+    kernel = (x @ x.T) * (1 + 0.5 * (x @ x.T) ** 2)  # odd in x, so mirroring is preserved
+    ours = max_margin(kernel, y)
+    svc = SVC(kernel="precomputed", C=1e8, tol=1e-8, shrinking=False).fit(kernel, y)
+    reference = np.zeros(len(y))
+    reference[svc.support_] = np.abs(svc.dual_coef_[0])
+    assert abs(svc.intercept_[0]) < 1e-4
+    # the kernel has rank 24 < 120, so α is not unique: compare the classifier and its margin
+    np.testing.assert_allclose(kernel @ (ours.alpha_ * y), kernel @ (reference * y), atol=1e-4)
+    assert ours.norm_v_sq == pytest.approx(reference @ (kernel * np.outer(y, y)) @ reference, rel=1e-5)
+
+
+def test_intercept_protocol_is_scikit_learn_on_normalised_kernel():
+    kernel, y = separable(200, 6, seed=4, degree=2)
+    kernel = kernel * 37.0
+    result = max_margin(kernel, y, intercept=True, C=1e6)
+    scale = np.diag(kernel).mean()
+    svc = SVC(kernel="precomputed", C=1e6, tol=1e-5, shrinking=False).fit(kernel / scale, y)
+    assert result.support_.tolist() == sorted(svc.support_.tolist())
+    assert result.kernel_scale == pytest.approx(scale)
+    assert result.C_effective == pytest.approx(1e6 / scale)
+    np.testing.assert_allclose(result.alpha_[svc.support_], np.abs(svc.dual_coef_[0]) / scale, rtol=1e-12)
+    assert result.n_margin_violations == 0 and result.n_at_bound == 0
+
+
+def test_scaling_the_kernel_scales_alpha_only():
+    kernel, y = separable(150, 5, seed=5, degree=3)
+    base, scaled = max_margin(kernel, y), max_margin(kernel * 1e4, y)
+    np.testing.assert_array_equal(base.support_, scaled.support_)
+    np.testing.assert_allclose(scaled.alpha_ * 1e4, base.alpha_, rtol=1e-8)
+    assert scaled.margin == pytest.approx(base.margin * 1e2, rel=1e-8)
+
+
+def test_duplicated_samples_take_degenerate_steps():
+    kernel, y = separable(120, 4, seed=6, degree=2)
+    rows = np.concatenate([np.arange(120), np.arange(40), np.arange(40)])
+    result = max_margin(kernel[np.ix_(rows, rows)], y[rows])
+    unique = max_margin(kernel, y)
+    assert result.kkt_residual < 1e-9
+    assert result.margin == pytest.approx(unique.margin, rel=1e-9)
+    merged = np.bincount(rows, weights=result.alpha_)
+    np.testing.assert_allclose(merged, unique.alpha_, atol=1e-8 * unique.alpha_.max())
+
+
+def test_column_function_and_initial_guess_give_the_same_solution():
+    kernel, y = separable(300, 6, seed=7, degree=2)
+    dense = max_margin(kernel, y)
+    lazy = max_margin(lambda idx: kernel[:, idx], y, kernel_diag=np.diag(kernel), initial=np.arange(50))
+    np.testing.assert_allclose(lazy.alpha_, dense.alpha_, atol=1e-9 * dense.alpha_.max())
+
+
+def test_not_separable_through_origin():
+    x = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(NotSeparableError, match="not separable through the origin"):
+        max_margin(x @ x.T, np.array([1, 1, 1]))
+
+
+def test_input_validation_messages():
+    kernel, y = separable(5, 3, seed=0)
+    with pytest.raises(ValueError, match="must be a square matrix. Input is a \\(5, 4\\) matrix"):
+        max_margin(kernel[:, :4], y)
+    with pytest.raises(ValueError, match="y must have shape \\(5,\\), got \\(4,\\)"):
+        max_margin(kernel, y[:4])
+    with pytest.raises(ValueError, match="labels must be -1 or \\+1, got values \\[0, 1\\]"):
+        max_margin(kernel, (y > 0).astype(int))
+    with pytest.raises(ValueError, match="kernel_diag is required"):
+        max_margin(lambda idx: kernel[:, idx], y)
+    zero = kernel.copy()
+    zero[0, :] = zero[:, 0] = 0
+    with pytest.raises(ValueError, match="kernel diagonal must be finite and positive"):
+        max_margin(zero, y)

@@ -1,0 +1,101 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_nsv.max_margin import NotSeparableError, max_margin
+from lightning_nsv.path_space import PathNetwork, forward_with_slopes
+from lightning_nsv.support_vectors import compression_bound, network_support_vectors, signed_labels
+from tests.reference import materialise_phi, materialise_wbar
+from tests.test_path_space import random_net
+
+
+def self_labelled(net: PathNetwork, n: int, seed: int):
+    """Samples labelled by the network's own sign (zero training error), less those with ``N(x) = 0``."""
+    x = torch.randn(n, net.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    outputs = forward_with_slopes(net, x)[0]
+    return x[outputs != 0], (outputs[outputs != 0] > 0).long()
+
+
+def test_compression_bound_by_hand():
+    m, s, n, delta = 100, 10, 5, 0.05
+    expected = (n * s * math.log(2) + math.log(math.comb(m, s)) + math.log(m / delta)) / (m - s)
+    assert compression_bound(m, s, n, delta) == pytest.approx(expected, rel=1e-12)
+    assert compression_bound(m, m, n) == math.inf
+    assert compression_bound(1000, 0, 10, 0.1) == pytest.approx(math.log(1000 / 0.1) / 1000)
+    with pytest.raises(ValueError, match="need 0 <= s <= m"):
+        compression_bound(10, 11, 3)
+    with pytest.raises(ValueError, match="`delta` must be in \\(0, 1\\), got 1.5"):
+        compression_bound(10, 1, 3, delta=1.5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
+def test_analysis_against_materialised_path_space(bias, beta):
+    net = random_net((3, 2), in_features=3, beta=beta, bias=bias, seed=11)
+    x, y = self_labelled(net, 40, seed=1)
+    x_val, y_val = self_labelled(net, 25, seed=2)
+    y_val[:3] = 1 - y_val[:3]
+    analysis = network_support_vectors(net, x, y, x_val, y_val)
+
+    phi, wbar, ys = materialise_phi(net, x), materialise_wbar(net), signed_labels(y)
+    alpha = torch.from_numpy(analysis.svm.alpha_)
+    v = phi.T @ (alpha * ys)
+    assert analysis.cosine == pytest.approx(float(wbar @ v / (wbar.norm() * v.norm())), rel=1e-8)
+    assert analysis.wbar_norm == pytest.approx(float(wbar.norm()), rel=1e-10)
+    assert analysis.svm.margin == pytest.approx(1 / float(v.norm()), rel=1e-8)
+    assert float((ys * (phi @ v)).min()) == pytest.approx(1.0, rel=1e-8)  # v has functional margin 1
+    assert analysis.network_margin == pytest.approx(float((ys * (phi @ wbar)).min() / wbar.norm()), rel=1e-10)
+    assert 0 < analysis.margin_ratio <= 1 + 1e-9
+
+    svm_val = torch.where(materialise_phi(net, x_val) @ v >= 0, 1.0, -1.0)
+    net_val = torch.where(forward_with_slopes(net, x_val)[0] >= 0, 1.0, -1.0)
+    assert analysis.val_agreement == pytest.approx(float((svm_val == net_val).double().mean()))
+    target = signed_labels(y_val)
+    assert analysis.val_errors_network == int((net_val != target).sum()) == 3
+    assert analysis.val_errors_svm == int((svm_val != target).sum())
+    assert analysis.val_errors_both == int(((svm_val != target) & (net_val != target)).sum())
+    metrics = analysis.to_metrics()
+    assert metrics["n_support"] == len(analysis.svm.support_) == int((alpha > 0).sum())
+    assert metrics["support_fraction"] == pytest.approx(analysis.n_support / len(y))
+    assert metrics["path_positive_count_fraction"] == pytest.approx(float((wbar > 0).double().mean()))
+
+
+def test_max_margin_network_has_ratio_and_cosine_one():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(30, 4, dtype=torch.float64, generator=gen)
+    y = torch.where(x @ torch.randn(4, dtype=torch.float64, generator=gen) >= 0, 1.0, -1.0)
+    svm = max_margin(x @ x.T, y)
+    v = x.T @ (torch.from_numpy(svm.alpha_) * y)
+    linear = PathNetwork((3.0 * v[None, :],), None, (), ())  # a network with no hidden layer, scaled
+    analysis = network_support_vectors(linear, x, y)
+    assert analysis.margin_ratio == pytest.approx(1.0, rel=1e-9)
+    assert analysis.cosine == pytest.approx(1.0, rel=1e-9)
+    assert analysis.unique_patterns_train == 1
+
+
+def test_intercept_protocol_and_report():
+    net = random_net((4,), in_features=3, beta=0.1, bias=True, seed=3)
+    x, y = self_labelled(net, 60, seed=4)
+    analysis = network_support_vectors(net, x, y, x, y, intercept=True)
+    assert analysis.svm.method == "libsvm"
+    assert analysis.svm.n_margin_violations == 0
+    assert analysis.val_agreement == 1.0 and analysis.val_errors_svm == 0
+    report = analysis.report()
+    assert f"{analysis.n_support} of m=60" in report and "libsvm" in report and "compression bound" in report
+
+
+def test_misclassified_training_sample_is_refused():
+    net = random_net((3,), in_features=3, seed=0)
+    x, y = self_labelled(net, 20, seed=0)
+    y[4] = 1 - y[4]
+    with pytest.raises(NotSeparableError, match=f"misclassifies 1 of {len(y)} training samples \\(0 of them"):
+        network_support_vectors(net, x, y)
+    dead = PathNetwork((torch.ones(2, 3, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)), None,
+                       (0.0,), (1.0,))
+    with pytest.raises(NotSeparableError, match="1 of them with N\\(x\\) = 0"):
+        network_support_vectors(dead, -torch.ones(1, 3), torch.ones(1))
+    with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0, 1, 2\\]"):
+        network_support_vectors(net, x, torch.arange(20) % 3)
+    np.testing.assert_array_equal(signed_labels(torch.tensor([0, 1, -1, 1])).numpy(), [-1, 1, -1, 1])
