@@ -133,7 +133,7 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
     betas: list[float] = []
     gammas: list[float] = []
     pending_activation = False
-    for index, layer in enumerate(head):
+    for index, layer in enumerate(head, start=flatten_at + 1):
         if isinstance(layer, (nn.Identity, nn.Dropout)):
             continue
         if isinstance(layer, nn.Linear):
@@ -146,7 +146,7 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
         slopes = _activation_slopes(layer)
         if slopes is None:
             raise UnsupportedNetworkError(
-                f"{where}: layer {index} after the trunk, {layer!r}, is not supported in the path part. "
+                f"{where}: layer {index}, {layer!r}, is not supported in the path part. "
                 f"Supported: {SUPPORTED}."
             )
         if not linears or pending_activation:

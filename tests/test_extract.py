@@ -59,7 +59,7 @@ def test_finds_the_sequential_of_a_lightning_module_and_named_parts():
 @pytest.mark.parametrize(
     "layers, message",
     [
-        ([nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)], r"Tanh\(\).*is not supported in the path part"),
+        ([nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)], r"layer 1, Tanh\(\), is not supported in the path part"),
         ([nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 1)], r"BatchNorm1d.*is not supported"),
         ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 10)], r"has 10 outputs; .*single logit"),
         ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1), nn.Sigmoid()], r"Sigmoid\(\).*is not supported"),

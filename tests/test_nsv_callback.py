@@ -1,0 +1,221 @@
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.datamodules import DigitsDataModule
+from lightning_nsv.extract import UnsupportedNetworkError
+from lightning_nsv.models import LeakyReLUMLP
+from lightning_nsv.path_space import forward_with_slopes
+from lightning_nsv.support_vectors import network_support_vectors
+
+
+class UserClassifier(pl.LightningModule):
+    """A user's own module: a plain nn.Sequential of Linear and ReLU layers, nothing from this package."""
+
+    def __init__(self, hidden=(32, 32), activation=nn.ReLU, outputs=1, squash=False):
+        super().__init__()
+        layers, fan_in = [nn.Flatten()], 64
+        for width in hidden:
+            layers += [nn.Linear(fan_in, width), activation()]
+            fan_in = width
+        self.model = nn.Sequential(*layers, nn.Linear(fan_in, outputs))
+        self.squash = squash
+
+    def forward(self, x):
+        out = self.model(x)[:, 0]
+        return torch.sigmoid(out) if self.squash else out
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self.model(x)[:, 0], y.float())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def trainer(tmp_path, callback, max_epochs=60, logger=True, **kwargs):
+    return pl.Trainer(
+        max_epochs=max_epochs,
+        callbacks=[callback],
+        logger=TensorBoardLogger(tmp_path, name="tb") if logger else False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=kwargs.pop("enable_checkpointing", False),
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        **kwargs,
+    )
+
+
+def scalars(log_dir: Path) -> dict[str, list[float]]:
+    events = EventAccumulator(str(log_dir)).Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One end-to-end run on a user's own module, shared by the assertions below."""
+    tmp_path = tmp_path_factory.mktemp("fit")
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=300, seed=0, batch_size=50)
+    callback = NetworkSupportVectors(probe_size=64)
+    run = trainer(tmp_path, callback)
+    model = UserClassifier()
+    run.fit(model, datamodule=data)
+    return run, callback, model, data
+
+
+def test_reaches_zero_error_and_stops(fitted):
+    run, callback, model, data = fitted
+    assert callback.zero_error_epoch is not None
+    assert run.current_epoch == callback.zero_error_epoch + 1  # stopped at the end of that epoch
+    x, y = data.train_dataset.tensors
+    with torch.no_grad():
+        assert bool(((2 * y - 1) * model(x).double() > 0).all())
+
+
+def test_metrics_match_a_direct_analysis(fitted):
+    run, callback, model, data = fitted
+    x, y = data.train_dataset.tensors
+    x_val, y_val = data.val_dataset.tensors
+    part_net = callback._path.path_network()
+    direct = network_support_vectors(part_net, x.flatten(1), y, x_val.flatten(1), y_val)
+    assert callback.metrics["n_support"] == direct.n_support
+    assert callback.metrics["support_fraction"] == pytest.approx(direct.n_support / 300)
+    for key in ("svm_margin", "network_margin", "margin_ratio", "cosine_wbar_v", "val_agreement",
+                "unique_patterns_train", "unique_patterns_val", "compression_bound"):
+        assert callback.metrics[key] == pytest.approx(direct.to_metrics()[key], rel=1e-9), key
+    assert callback.metrics["kkt_residual"] < 1e-9
+    assert 0 < callback.metrics["margin_ratio"] <= 1
+
+
+def test_tensorboard_has_metrics_and_figures(fitted):
+    run, callback, *_ = fitted
+    logged = scalars(Path(run.logger.log_dir))
+    for key in ("n_support", "support_fraction", "svm_margin", "margin_ratio", "cosine_wbar_v", "kkt_residual",
+                "unique_patterns_train", "unique_patterns_val", "val_agreement", "compression_bound"):
+        assert logged[f"nsv/{key}"] == [pytest.approx(callback.metrics[key])], key
+    assert logged["nsv/zero_error_epoch"] == [callback.zero_error_epoch]
+    events = EventAccumulator(run.logger.log_dir, size_guidance={"images": 0, "histograms": 0}).Reload()
+    assert {"nsv/support_vectors", "nsv/alpha_histogram"} <= set(events.Tags()["images"])
+    assert "nsv/alpha" in events.Tags()["histograms"]
+
+
+def test_saved_results_reproduce_the_support_vectors(fitted):
+    run, callback, model, data = fitted
+    directory = Path(run.logger.log_dir) / "nsv"
+    saved = torch.load(directory / f"support_vectors_epoch{callback.zero_error_epoch}.pt", weights_only=True)
+    summary = json.loads((directory / f"support_vectors_epoch{callback.zero_error_epoch}.json").read_text())
+    assert summary["n_support"] == len(saved["support"]) == callback.metrics["n_support"]
+    assert torch.equal(saved["dataset_indices"], data.train_indices)
+    from lightning_nsv.path_space import PathNetwork
+
+    net = PathNetwork(tuple(saved["weights"]), tuple(saved["biases"]), tuple(saved["betas"]), tuple(saved["gammas"]))
+    x, y = data.train_dataset.tensors
+    again = network_support_vectors(net, x.flatten(1), y)
+    assert torch.equal(torch.from_numpy(again.svm.support_), saved["support"])
+    torch.testing.assert_close(torch.from_numpy(again.svm.alpha_), saved["alpha"], rtol=1e-9, atol=0)
+    assert "network support vectors" in summary["report"]
+
+
+def test_never_reaching_zero_error_says_so(tmp_path):
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=200, seed=0, batch_size=50, random_labels=True)
+    callback = NetworkSupportVectors()
+    run = trainer(tmp_path, callback, max_epochs=2)
+    with pytest.warns(UserWarning, match=r"zero training error was never reached \(\d+ of 200 training samples"):
+        run.fit(LeakyReLUMLP(widths=[8], lr=0.01), datamodule=data)
+    assert callback.zero_error_epoch is None and callback.metrics == {}
+    assert scalars(Path(run.logger.log_dir))["nsv/zero_error_reached"] == [0.0]
+
+
+def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
+    import lightning_nsv.callbacks.network_support_vectors as module
+
+    evaluated = []
+    original = module.forward_with_slopes
+    monkeypatch.setattr(module, "forward_with_slopes", lambda net, x: evaluated.append(len(x)) or original(net, x))
+    data = DigitsDataModule(m=1000, seed=0, batch_size=100, random_labels=True)
+    callback = NetworkSupportVectors(probe_size=100, batch_size=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(tmp_path, callback, max_epochs=3, logger=False).fit(LeakyReLUMLP(widths=[8]), datamodule=data)
+    checks = [n for n in evaluated if n != 8]  # the 8-sample head check at the first batch aside
+    assert sum(checks[:-20]) < 3 * 150  # each epoch: one batch of hard samples or probe, not 1000 samples
+
+
+def test_rejects_unsupported_modules_with_their_name(tmp_path):
+    data = DigitsDataModule(m=50, batch_size=50)
+    with pytest.raises(UnsupportedNetworkError, match=r"UserClassifier.model: layer 2, Tanh\(\), is not supported"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+            UserClassifier(activation=nn.Tanh), datamodule=data)
+    with pytest.raises(UnsupportedNetworkError, match=r"UserClassifier.model has 3 outputs"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+            UserClassifier(outputs=3), datamodule=data)
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+            UserClassifier(squash=True), datamodule=data)
+
+
+def test_resume_after_the_analysis_does_not_repeat_it(tmp_path):
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=200, seed=0, batch_size=50)
+    first = NetworkSupportVectors()
+    run = trainer(tmp_path, first, enable_checkpointing=True)
+    run.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01), datamodule=data)
+    assert first.zero_error_epoch is not None
+    checkpoint = run.checkpoint_callback.best_model_path
+    stored = torch.load(checkpoint, weights_only=True)
+    resumed = NetworkSupportVectors()
+    assert stored["callbacks"][resumed.state_key]["zero_error_epoch"] == first.zero_error_epoch
+    run2 = trainer(tmp_path, resumed, max_epochs=first.zero_error_epoch + 3)
+    run2.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01), datamodule=data, ckpt_path=checkpoint)
+    assert resumed.zero_error_epoch == first.zero_error_epoch
+    assert resumed.metrics == pytest.approx(first.metrics)
+    assert resumed.analysis is None  # restored from the checkpoint, not recomputed
+
+
+def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=200, seed=0, batch_size=50)
+    callback = NetworkSupportVectors(stop_on_zero_error=False, every_n_epochs=2)
+    run = trainer(tmp_path, callback, max_epochs=32)
+    run.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01), datamodule=data)
+    ratios = scalars(Path(run.logger.log_dir))["nsv/margin_ratio"]
+    assert len(ratios) >= 2
+    assert all(0 < r <= 1 for r in ratios)
+    assert len(list((Path(run.logger.log_dir) / "nsv").glob("*.pt"))) == len(ratios)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"every_n_epochs": 0}, "`every_n_epochs` must be a positive integer, got 0"),
+        ({"batch_size": -1}, "`batch_size` must be a positive integer, got -1"),
+        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 64"),
+        ({"C": 0}, "`C` must be positive, got 0"),
+        ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
+    ],
+)
+def test_argument_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NetworkSupportVectors(**kwargs)
+
+
+def test_head_check_uses_the_float64_path_network():
+    model = LeakyReLUMLP(widths=[4])
+    x = torch.rand(3, 1, 8, 8)
+    from lightning_nsv.extract import find_path_part
+
+    part = find_path_part(model)
+    out, _ = forward_with_slopes(part.path_network(), part.embed(x))
+    torch.testing.assert_close(out, model(x).double(), rtol=1e-5, atol=1e-6)
