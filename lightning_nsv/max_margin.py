@@ -194,26 +194,46 @@ def _svc_with_intercept(kernel_n: np.ndarray, y: np.ndarray, scale: float, C: fl
 
 
 class _FreeSet:
-    """Free set F of the active-set method with the Cholesky factor of ``Q_FF`` and the columns ``Q[:, F]``."""
+    """Free set F of the active-set method with the Cholesky factor of ``Q_FF`` and the columns ``Q[:, F]``.
+
+    Both live in buffers that grow geometrically, so that adding and removing members copies only the
+    trailing part.
+    """
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], m: int) -> None:
         self.q_columns = q_columns
         self.index: list[int] = []
-        self.cols = np.empty((m, 0))
-        self.chol = np.empty((0, 0))
+        self._cols = np.empty((m, 0), order="F")
+        self._chol = np.empty((0, 0))
 
     def __len__(self) -> int:
         return len(self.index)
 
+    @property
+    def cols(self) -> np.ndarray:
+        return self._cols[:, : len(self)]
+
+    @property
+    def chol(self) -> np.ndarray:
+        return self._chol[: len(self), : len(self)]
+
+    def _reserve(self, size: int) -> None:
+        if size <= self._chol.shape[0]:
+            return
+        capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
+        cols, chol = np.empty((self._cols.shape[0], capacity), order="F"), np.zeros((capacity, capacity), order="F")
+        cols[:, :n], chol[:n, :n] = self.cols, self.chol
+        self._cols, self._chol = cols, chol
+
     def solve_ones(self) -> np.ndarray:
         """``Q_FF⁻¹ 1``."""
         ones = np.ones(len(self))
-        return scipy.linalg.cho_solve((self.chol, True), ones) if len(self) else ones
+        return scipy.linalg.cho_solve((self.chol, True), ones, check_finite=False) if len(self) else ones
 
     def try_add(self, new: np.ndarray, new_cols: np.ndarray) -> bool:
         """Append ``new`` unless that makes ``Q_FF`` (numerically) singular."""
         q_fb, q_bb = new_cols[self.index], new_cols[new]
-        w = scipy.linalg.solve_triangular(self.chol, q_fb, lower=True) if len(self) else q_fb
+        w = scipy.linalg.solve_triangular(self.chol, q_fb, lower=True, check_finite=False) if len(self) else q_fb
         schur = q_bb - w.T @ w
         try:
             l22 = np.linalg.cholesky(schur)
@@ -222,27 +242,30 @@ class _FreeSet:
         if np.min(np.diag(l22)) ** 2 <= 1e-10 * np.max(np.diag(q_bb)):
             return False
         n, b = len(self), len(new)
-        chol = np.zeros((n + b, n + b))
-        chol[:n, :n], chol[n:, :n], chol[n:, n:] = self.chol, w.T, l22
-        self.chol = chol
+        self._reserve(n + b)
+        self._chol[n:n + b, :n], self._chol[n:n + b, n:n + b] = w.T, l22
+        self._cols[:, n:n + b] = new_cols
         self.index += new.tolist()
-        self.cols = np.hstack([self.cols, new_cols])
         return True
 
     def remove(self, position: int) -> None:
         """Delete one member; the trailing block of the factor takes a rank-one update."""
-        x = self.chol[position + 1:, position].copy()
-        chol = np.delete(np.delete(self.chol, position, 0), position, 1)
-        tail = chol[position:, position:]
+        n, p = len(self), position
+        x = self._chol[p + 1:n, p].copy()
+        chol = self._chol
+        chol[p:n - 1, :n] = chol[p + 1:n, :n]
+        chol[:n - 1, p:n - 1] = chol[:n - 1, p + 1:n]
+        chol[n - 1, :n] = 0.0
+        chol[:n, n - 1] = 0.0
+        tail = chol[p:n - 1, p:n - 1]
         for k in range(x.shape[0]):
             r = math.hypot(tail[k, k], x[k])
             c, s = r / tail[k, k], x[k] / tail[k, k]
             tail[k, k] = r
             tail[k + 1:, k] = (tail[k + 1:, k] + s * x[k + 1:]) / c
             x[k + 1:] = c * x[k + 1:] - s * tail[k + 1:, k]
-        self.chol = chol
-        del self.index[position]
-        self.cols = np.delete(self.cols, position, 1)
+        self._cols[:, p:n - 1] = self._cols[:, p + 1:n]
+        del self.index[p]
 
 
 def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
@@ -314,7 +337,7 @@ def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
     """``y_j phi_j`` lies in the span of the free set: move along the null direction of ``Q`` until a free
     coefficient reaches zero, drop it, then admit ``j``."""
     col = free.q_columns(np.array([j]))
-    coef = scipy.linalg.cho_solve((free.chol, True), col[free.index, 0])
+    coef = scipy.linalg.cho_solve((free.chol, True), col[free.index, 0], check_finite=False)
     if not np.any(coef > 0):
         raise NotSeparableError(
             f"sample {j} is a non-positive combination of support vectors with opposite margin: the data "
