@@ -220,8 +220,9 @@ class NetworkSupportVectors(Callback):
         if not reached:
             return
         metrics = None
+        directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
         if trainer.is_global_zero:
-            metrics = self._analyse(trainer, pl_module, dataset, net)
+            metrics = self._analyse(trainer, pl_module, dataset, net, directory)
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = trainer.current_epoch
@@ -255,7 +256,7 @@ class NetworkSupportVectors(Callback):
                 return False
         return True
 
-    def _analyse(self, trainer, pl_module, dataset, net) -> dict[str, float]:
+    def _analyse(self, trainer, pl_module, dataset, net, directory: Path) -> dict[str, float]:
         x_train, y_train = self._embed_all(dataset, pl_module)
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
@@ -267,7 +268,7 @@ class NetworkSupportVectors(Callback):
             f"Zero training error at epoch {trainer.current_epoch} on all {len(y_train)} training samples.\n"
             + analysis.report()
         )
-        self._save(trainer, pl_module, analysis, y_train, net)
+        self._save(trainer, directory, analysis, y_train, net)
         self._log_figures(trainer, dataset, analysis)
         return analysis.to_metrics()
 
@@ -279,12 +280,10 @@ class NetworkSupportVectors(Callback):
 
     def _output_dir(self, trainer: pl.Trainer) -> Path:
         root = self.save_dir or (trainer.log_dir if trainer.log_dir else trainer.default_root_dir)
-        path = Path(root) / ("" if self.save_dir else "nsv")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return Path(root) / ("" if self.save_dir else "nsv")
 
-    def _save(self, trainer, pl_module, analysis: SupportVectorAnalysis, y_train: Tensor, net) -> None:
-        directory = self._output_dir(trainer)
+    def _save(self, trainer, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor, net) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
         stem = f"support_vectors_epoch{trainer.current_epoch}"
         source = getattr(trainer.datamodule, "train_indices", None)
         payload = {

@@ -1,0 +1,22 @@
+"""Run by tests/test_ddp.py in a subprocess: two CPU ranks (gloo), each writes what its callback holds."""
+import json
+import sys
+
+import pytorch_lightning as pl
+
+from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.datamodules import DigitsDataModule
+from lightning_nsv.models import LeakyReLUMLP
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    pl.seed_everything(0)
+    callback = NetworkSupportVectors(save_dir=f"{out}/nsv")
+    trainer = pl.Trainer(max_epochs=60, accelerator="cpu", devices=2, strategy="ddp", callbacks=[callback],
+                         logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False, default_root_dir=out)
+    trainer.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01),
+                datamodule=DigitsDataModule(m=200, seed=0, batch_size=25))
+    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump({"zero_error_epoch": callback.zero_error_epoch, "metrics": callback.metrics,
+                   "analysed_here": callback.analysis is not None, "stopped_after": trainer.current_epoch}, f)

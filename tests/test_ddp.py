@@ -1,0 +1,20 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    script = Path(__file__).with_name("ddp_fit.py")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["zero_error_epoch"] is not None
+    assert rank0["zero_error_epoch"] == rank1["zero_error_epoch"]
+    assert rank0["stopped_after"] == rank1["stopped_after"] == rank0["zero_error_epoch"] + 1
+    assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
+    assert rank0["analysed_here"] and not rank1["analysed_here"]
+    assert len(list((tmp_path / "nsv").glob("*.pt"))) == 1
