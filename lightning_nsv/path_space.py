@@ -20,6 +20,7 @@ __all__ = [
     "PathSigns",
     "forward_with_slopes",
     "path_kernel",
+    "path_kernel_diagonal",
     "path_norm_squared",
     "path_signs",
     "slopes",
@@ -131,11 +132,8 @@ def forward_with_slopes(net: PathNetwork, x: Tensor) -> tuple[Tensor, list[Tenso
     return out[:, 0], layer_slopes
 
 
-def _kernel_block(
-    x_a: Tensor, slopes_a: Sequence[Tensor], x_b: Tensor, slopes_b: Sequence[Tensor], bias: bool
-) -> Tensor:
-    grams = [s_a @ s_b.T for s_a, s_b in zip(slopes_a, slopes_b)]
-    input_gram = x_a @ x_b.T
+def _combine(input_gram: Tensor, grams: Sequence[Tensor], bias: bool) -> Tensor:
+    """``G_0 ∘ Π G_l``, plus ``1 + Σ_k Π_{l>=k} G_l`` for the bias paths (Horner from the top)."""
     if not bias:
         for g in grams:
             input_gram *= g
@@ -146,6 +144,18 @@ def _kernel_block(
         upper = upper * g
         total += upper
     return total + input_gram * upper
+
+
+def _kernel_block(
+    x_a: Tensor, slopes_a: Sequence[Tensor], x_b: Tensor, slopes_b: Sequence[Tensor], bias: bool
+) -> Tensor:
+    return _combine(x_a @ x_b.T, [s_a @ s_b.T for s_a, s_b in zip(slopes_a, slopes_b)], bias)
+
+
+def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = False) -> Tensor:
+    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``."""
+    x = x.reshape(x.shape[0], -1)
+    return _combine((x * x).sum(1), [(s * s).to(x.dtype).sum(1) for s in slopes], bias)
 
 
 def path_kernel(

@@ -16,12 +16,15 @@ from lightning_nsv.path_space import (
     PathSigns,
     forward_with_slopes,
     path_kernel,
+    path_kernel_diagonal,
     path_norm_squared,
     path_signs,
     unique_patterns,
 )
 
 __all__ = ["SupportVectorAnalysis", "compression_bound", "network_support_vectors", "signed_labels"]
+
+KERNEL_MODES = ("auto", "dense", "columns")
 
 
 def signed_labels(y: Tensor) -> Tensor:
@@ -141,12 +144,17 @@ def network_support_vectors(
     intercept: bool = False,
     C: float = 1e7,
     delta: float = 0.05,
+    kernel: str = "auto",
+    max_dense_bytes: int = 4 << 30,
     block_size: int | None = None,
 ) -> SupportVectorAnalysis:
     """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
-    Cost: the dense ``m×m`` path kernel in float64 (``8·m²`` bytes; ``O(m²·(f + Σ Ω_l))`` time) and the
-    max-margin solve; validation needs the kernel between validation samples and support vectors only.
+    Cost: with ``kernel="dense"`` the ``m×m`` path kernel in float64 (``8·m²`` bytes, ``O(m²·(f + Σ Ω_l))``
+    time); with ``kernel="columns"`` only the columns of samples that enter the solver's free set
+    (``8·m·s'`` bytes for ``s'`` of them, the smallest network margins tried first). ``"auto"`` takes the
+    dense kernel up to ``max_dense_bytes`` and columns above (the intercept protocol always needs the
+    dense kernel). Validation needs the kernel between validation samples and support vectors only.
 
     Args:
         net: the path part at the frozen weights.
@@ -155,6 +163,8 @@ def network_support_vectors(
         intercept: ``True`` for the paper's ``SVC`` protocol with an intercept.
         C: penalty of the intercept protocol on the normalised kernel.
         delta: confidence of the compression bound.
+        kernel: ``"auto"``, ``"dense"`` or ``"columns"`` (see Cost).
+        max_dense_bytes: largest dense kernel ``"auto"`` builds.
         block_size: rows per block of the kernel computation.
 
     Raises:
@@ -173,9 +183,21 @@ def network_support_vectors(
         )
     x_train = x_train.to(net.dtype).reshape(len(y), -1)
     bias = net.biases is not None
-    kernel = path_kernel(x_train, slopes_train, bias=bias, block_size=block_size)
-    svm = max_margin(kernel, y, intercept=intercept, C=C)
-    del kernel
+    if kernel not in KERNEL_MODES:
+        raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
+    dense = intercept or kernel == "dense" or (kernel == "auto" and 8 * len(y) ** 2 <= max_dense_bytes)
+    if dense:
+        svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
+                         intercept=intercept, C=C)
+    else:
+        def columns(idx):
+            idx = torch.as_tensor(idx)
+            return path_kernel(x_train, slopes_train, x_train[idx], [s[idx] for s in slopes_train], bias=bias,
+                               block_size=block_size).numpy()
+
+        closest = torch.argsort(y * outputs)[: int(math.sqrt(len(y)))].numpy()
+        svm = max_margin(columns, y, kernel_diag=path_kernel_diagonal(x_train, slopes_train, bias=bias).numpy(),
+                         initial=closest)
 
     wbar_norm = math.sqrt(path_norm_squared(net))
     alpha = torch.from_numpy(svm.alpha_)

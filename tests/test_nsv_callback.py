@@ -204,6 +204,7 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
         ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 64"),
         ({"C": 0}, "`C` must be positive, got 0"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
+        ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),
     ],
 )
 def test_argument_validation(kwargs, message):

@@ -6,6 +6,7 @@ from lightning_nsv.path_space import (
     PathNetwork,
     forward_with_slopes,
     path_kernel,
+    path_kernel_diagonal,
     path_norm_squared,
     path_signs,
     slopes,
@@ -42,6 +43,7 @@ def test_path_expansion_matches_network_and_kernel(beta, bias, widths):
     assert relative(phi @ wbar, outputs) < 1e-10
     kernel = path_kernel(x, layer_slopes, bias=bias)
     assert relative(kernel, phi @ phi.T) < 1e-10
+    assert relative(path_kernel_diagonal(x, layer_slopes, bias=bias), (phi * phi).sum(1)) < 1e-10
     assert path_norm_squared(net) == pytest.approx(float(wbar @ wbar), rel=1e-10)
 
     signs = path_signs(net)

@@ -62,6 +62,18 @@ def test_analysis_against_materialised_path_space(bias, beta):
     assert metrics["path_positive_count_fraction"] == pytest.approx(float((wbar > 0).double().mean()))
 
 
+def test_kernel_columns_on_demand_give_the_dense_solution():
+    net = random_net((5, 4), in_features=6, beta=0.1, bias=True, seed=8)
+    x, y = self_labelled(net, 300, seed=9)
+    dense = network_support_vectors(net, x, y, kernel="dense")
+    lazy = network_support_vectors(net, x, y, kernel="auto", max_dense_bytes=8 * 299**2)
+    np.testing.assert_array_equal(lazy.svm.support_, dense.svm.support_)
+    np.testing.assert_allclose(lazy.svm.alpha_, dense.svm.alpha_, rtol=1e-8, atol=1e-12 * dense.svm.alpha_.max())
+    assert lazy.to_metrics()["cosine_wbar_v"] == pytest.approx(dense.to_metrics()["cosine_wbar_v"], rel=1e-9)
+    with pytest.raises(ValueError, match="`kernel` can be auto, dense, columns, got 'sparse'"):
+        network_support_vectors(net, x, y, kernel="sparse")
+
+
 def test_max_margin_network_has_ratio_and_cosine_one():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(30, 4, dtype=torch.float64, generator=gen)

@@ -15,7 +15,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.path_space import forward_with_slopes
-from lightning_nsv.support_vectors import SupportVectorAnalysis, network_support_vectors, signed_labels
+from lightning_nsv.support_vectors import (
+    KERNEL_MODES,
+    SupportVectorAnalysis,
+    network_support_vectors,
+    signed_labels,
+)
 
 __all__ = ["NetworkSupportVectors"]
 
@@ -44,8 +49,8 @@ class NetworkSupportVectors(Callback):
     submodules named by ``path_module``/``embedding``. The module's output must be that head's logit; this is
     checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1.
 
-    Cost: the dense float64 path kernel, ``8·m²`` bytes (m = 20,000: 3.2 GB), computed on the CPU; the
-    exact solver keeps ``m×s`` kernel columns for ``s`` support vectors.
+    Cost: the dense float64 path kernel, ``8·m²`` bytes (m = 20,000: 3.2 GB), computed on the CPU, or with
+    ``kernel="columns"`` only the ``m×s'`` columns of the ``s'`` samples that enter the solver's free set.
 
     Args:
         every_n_epochs: check zero training error every this many epochs.
@@ -56,6 +61,9 @@ class NetworkSupportVectors(Callback):
         intercept: fit the SVM with an intercept (the paper's ``SVC`` protocol) instead of through the origin.
         C: penalty of the intercept protocol on the kernel normalised by its mean diagonal.
         delta: confidence of the compression bound.
+        kernel: ``"dense"`` path kernel, ``"columns"`` computed on demand for candidate support vectors
+            only, or ``"auto"``: dense up to ``max_dense_bytes`` (default 4 GiB, m ≈ 23,000), columns above.
+        max_dense_bytes: see ``kernel``.
         path_module: dotted name of the ``nn.Sequential`` head, when the module has several.
         embedding: dotted name of a trunk applied before the head.
         batch_size: batch size of the callback's own passes over the data.
@@ -90,6 +98,8 @@ class NetworkSupportVectors(Callback):
         intercept: bool = False,
         C: float = 1e7,
         delta: float = 0.05,
+        kernel: str = "auto",
+        max_dense_bytes: int = 4 << 30,
         path_module: str | None = None,
         embedding: str | None = None,
         batch_size: int = 1024,
@@ -106,6 +116,10 @@ class NetworkSupportVectors(Callback):
             raise ValueError(f"`C` must be positive, got {C}")
         if not 0 < delta < 1:
             raise ValueError(f"`delta` must be in (0, 1), got {delta}")
+        if kernel not in KERNEL_MODES:
+            raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
+        self.kernel = kernel
+        self.max_dense_bytes = max_dense_bytes
         self.every_n_epochs = every_n_epochs
         self.probe_size = probe_size
         self.stop_on_zero_error = stop_on_zero_error
@@ -261,7 +275,8 @@ class NetworkSupportVectors(Callback):
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
         analysis = network_support_vectors(
-            net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta
+            net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
+            kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
         )
         self.analysis = analysis
         rank_zero_info(
@@ -299,7 +314,7 @@ class NetworkSupportVectors(Callback):
             "path_part": self._path.name,
             "epoch": trainer.current_epoch,
             "global_step": trainer.global_step,
-            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
+            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method, "kernel": self.kernel,
                        "kernel_scale": analysis.svm.kernel_scale, "C_effective": analysis.svm.C_effective},
             "metrics": analysis.to_metrics(),
         }
