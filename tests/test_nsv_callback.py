@@ -164,6 +164,9 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(squash=True), datamodule=data)
+    with pytest.raises(ValueError, match=r"binary labels must be 0/1 or -1/\+1, got values \[0, 1, 2, 3"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+            UserClassifier(), datamodule=DigitsDataModule(m=50, batch_size=50, task="multiclass"))
 
 
 def test_resume_after_the_analysis_does_not_repeat_it(tmp_path):

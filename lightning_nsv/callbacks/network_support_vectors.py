@@ -191,7 +191,8 @@ class NetworkSupportVectors(Callback):
         )
 
     def _check_head_is_output(self, pl_module: pl.LightningModule, batch: Any) -> None:
-        x, _ = _split_batch(batch)
+        x, y = _split_batch(batch)
+        signed_labels(y)
         with _eval_mode(pl_module), torch.no_grad():
             x = x[:8]
             output = pl_module(x).reshape(len(x), -1)
@@ -336,9 +337,12 @@ class NetworkSupportVectors(Callback):
             experiment.add_histogram("nsv/alpha", alpha, trainer.global_step)
             experiment.add_figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], trainer.global_step)
             order = support[alpha.argsort()[::-1][: self.max_images]]
-            images = _collate([dataset[int(i)] for i in order])[0] if len(order) else None
-            if images is not None and images.dim() == 4:
-                figure, _ = image_grid(images, [f"α={a:.2g}" for a in analysis.svm.alpha_[order]])
+            if not len(order):
+                continue
+            images, labels = _collate([dataset[int(i)] for i in order])
+            if images.dim() == 4:
+                titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
+                figure, _ = image_grid(images, titles)
                 experiment.add_figure("nsv/support_vectors", figure, trainer.global_step)
 
 
