@@ -223,3 +223,18 @@ def test_head_check_uses_the_float64_path_network():
     part = find_path_part(model)
     out, _ = forward_with_slopes(part.path_network(), part.embed(x))
     torch.testing.assert_close(out, model(x).double(), rtol=1e-5, atol=1e-6)
+
+
+def test_plain_dataloaders_without_a_datamodule(tmp_path):
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=150, seed=1)
+    data.setup("fit")
+    callback = NetworkSupportVectors()
+    run = trainer(tmp_path, callback, logger=False)
+    run.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01),
+            train_dataloaders=torch.utils.data.DataLoader(data.train_dataset, batch_size=30, shuffle=True),
+            val_dataloaders=torch.utils.data.DataLoader(data.val_dataset, batch_size=100))
+    assert callback.zero_error_epoch is not None
+    assert callback.analysis.m == 150
+    assert callback.analysis.val_agreement is not None
+    assert callback.metrics["unique_patterns_val"] > 0
