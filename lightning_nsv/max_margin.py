@@ -138,11 +138,11 @@ def max_margin(
         if dense.ndim != 2 or dense.shape[0] != dense.shape[1]:
             raise ValueError(f"Precomputed kernel must be a square matrix. Input is a {dense.shape} matrix.")
         dense = dense.astype(np.float64, copy=False)
-        columns, diag = (lambda idx: dense[:, idx]), np.diag(dense).copy()
+        columns, diag = (lambda idx: dense[idx].T), np.diag(dense).copy()  # K symmetric: rows are contiguous
     y = _validate(diag, y)
     scale = float(diag.mean())
     if intercept:
-        full = columns(np.arange(y.shape[0])) / scale
+        full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
     return _active_set(lambda idx: columns(idx) / scale, y, scale, tol, max_iter, initial)
 
@@ -203,27 +203,36 @@ class _FreeSet:
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], m: int) -> None:
         self.q_columns = q_columns
         self.index: list[int] = []
+        self.slot: list[int] = []  # column of self._cols that holds member k's column of Q
+        self._spare: list[int] = []  # columns of self._cols freed by removals, reused by additions
+        self._n_slots = 0
         self._cols = np.empty((m, 0), order="F")
         self._chol = np.empty((0, 0))
 
     def __len__(self) -> int:
         return len(self.index)
 
-    @property
-    def cols(self) -> np.ndarray:
-        return self._cols[:, : len(self)]
+    def q_times(self, alpha: np.ndarray) -> np.ndarray:
+        """``Q[:, F] @ alpha`` without gathering the stored columns into free-set order."""
+        weights = np.zeros(self._n_slots)
+        weights[self.slot] = alpha
+        return self._cols[:, : self._n_slots] @ weights
 
     @property
     def chol(self) -> np.ndarray:
         return self._chol[: len(self), : len(self)]
 
-    def _reserve(self, size: int) -> None:
-        if size <= self._chol.shape[0]:
-            return
-        capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
-        cols, chol = np.empty((self._cols.shape[0], capacity), order="F"), np.zeros((capacity, capacity), order="F")
-        cols[:, :n], chol[:n, :n] = self.cols, self.chol
-        self._cols, self._chol = cols, chol
+    def _reserve(self, size: int, slots: int) -> None:
+        if size > self._chol.shape[0]:
+            capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
+            chol = np.zeros((capacity, capacity), order="F")
+            chol[:n, :n] = self.chol
+            self._chol = chol
+        if slots > self._cols.shape[1]:
+            capacity = max(slots, 2 * self._cols.shape[1], 64)
+            cols = np.empty((self._cols.shape[0], capacity), order="F")
+            cols[:, : self._n_slots] = self._cols[:, : self._n_slots]
+            self._cols = cols
 
     def solve_ones(self) -> np.ndarray:
         """``Q_FF⁻¹ 1``."""
@@ -242,9 +251,17 @@ class _FreeSet:
         if np.min(np.diag(l22)) ** 2 <= 1e-10 * np.max(np.diag(q_bb)):
             return False
         n, b = len(self), len(new)
-        self._reserve(n + b)
+        reused, self._spare = self._spare[:b], self._spare[b:]
+        fresh = list(range(self._n_slots, self._n_slots + b - len(reused)))
+        self._reserve(n + b, self._n_slots + len(fresh))
+        self._n_slots += len(fresh)
         self._chol[n:n + b, :n], self._chol[n:n + b, n:n + b] = w.T, l22
-        self._cols[:, n:n + b] = new_cols
+        slots = reused + fresh
+        if reused:
+            self._cols[:, slots] = new_cols
+        else:
+            self._cols[:, fresh[0]:fresh[0] + b] = new_cols
+        self.slot += slots
         self.index += new.tolist()
         return True
 
@@ -264,7 +281,7 @@ class _FreeSet:
             tail[k, k] = r
             tail[k + 1:, k] = (tail[k + 1:, k] + s * x[k + 1:]) / c
             x[k + 1:] = c * x[k + 1:] - s * tail[k + 1:, k]
-        self._cols[:, p:n - 1] = self._cols[:, p + 1:n]
+        self._spare.append(self.slot.pop(p))
         del self.index[p]
 
 
@@ -308,7 +325,7 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginRe
             alpha = np.clip(alpha[~drop], 0.0, None)
         if len(free) <= size_before:
             batch = max(1, batch // 2)
-        gradient = free.cols @ alpha - 1.0
+        gradient = free.q_times(alpha) - 1.0
     else:
         warnings.warn(
             f"active-set solver stopped after max_iter={max_iter} iterations with "

@@ -1,0 +1,474 @@
+"""How the network-support-vector analysis scales with the training-set size m (DESIGN.md §6).
+
+For each m: train a 784-16-16-16-1 ReLU MLP with the paper's SGD recipe (lr 0.01, momentum 0.05, batch
+100, no biases) until zero training error (``y·N(x) > 0`` on every sample, float64, weights frozen), then
+time
+
+  (a) the dense float64 path kernel (``path_kernel``),
+  (b) the exact no-intercept active-set solver on that dense kernel (``max_margin``),
+  (d) scikit-learn ``SVC(kernel="precomputed", tol=1e-5, shrinking=False, C=1e7)`` through
+      ``max_margin(..., intercept=True)`` (the paper's protocol, with an intercept),
+  (c) the active-set solver fed kernel *columns* on demand (no dense kernel), with ``initial=`` the samples
+      of the k smallest network margins ``y·N(x)``: k = the number of support vectors found in (b) (an
+      oracle count), k = ⌊√m⌋ (what ``network_support_vectors(kernel="columns")`` uses), and no
+      ``initial``; the kernel columns it asked for are counted.
+
+Peak memory of each step is the process's peak resident set size (``VmHWM``, reset before the step by
+writing ``5`` to ``/proc/self/clear_refs``; falls back to ``resource.getrusage`` where that is refused).
+It counts numpy, torch and libsvm allocations alike, which ``tracemalloc`` would not.
+
+Data: binary MNIST (0-4 vs 5-9) from ``--mnist-root`` (torchvision layout, ``<root>/MNIST/raw``) when
+given; otherwise an MNIST-shaped stand-in built deterministically from scikit-learn's bundled
+``load_digits`` (see :func:`digits_standin`). The results file says which.
+
+Run ``python benchmarks/nsv_scale.py --help``; see ``benchmarks/README.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import math
+import os
+import platform
+import resource
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import sklearn
+import torch
+import torch.nn.functional as F
+
+from lightning_nsv.extract import find_path_part
+from lightning_nsv.max_margin import max_margin
+from lightning_nsv.models import LeakyReLUMLP
+from lightning_nsv.path_space import (
+    PathNetwork,
+    forward_with_slopes,
+    path_kernel,
+    path_kernel_diagonal,
+    path_norm_squared,
+)
+from threadpoolctl import threadpool_limits
+
+DEFAULT_SIZES = (2_000, 5_000, 10_000, 20_000)
+WIDTHS = (16, 16, 16)
+
+
+# --------------------------------------------------------------------------------------------- data
+def digits_standin(n: int, seed: int, chunk: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` MNIST-shaped samples ``(n, 1, 28, 28)`` in [0, 1] and labels 0/1 (digit >= 5), deterministic.
+
+    Each sample is one of scikit-learn's 1,797 8×8 digits (drawn uniformly with replacement), upsampled
+    bilinearly to 28×28, shifted by a random integer (dx, dy) in [-2, 2]² (zero fill), its intensity
+    multiplied by a factor uniform in [0.7, 1.3], plus Gaussian pixel noise (sd 0.1), clipped to [0, 1].
+    Samples are drawn in chunks of ``chunk``, each from its own generator seeded by ``(seed, chunk index)``,
+    so the first ``k`` samples do not depend on ``n``: the training sets of different sizes are nested.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    base = torch.from_numpy(digits.images).to(torch.float32).unsqueeze(1) / 16.0
+    base = F.interpolate(base, size=(28, 28), mode="bilinear", align_corners=False).clamp(0, 1)
+    labels = torch.from_numpy(digits.target >= 5).long()
+    padded = F.pad(base, (2, 2, 2, 2))
+    xs, ys = [], []
+    for c in range(math.ceil(n / chunk)):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + c)
+        pick = torch.randint(len(base), (chunk,), generator=g)
+        shifts = torch.randint(-2, 3, (chunk, 2), generator=g)
+        gain = 0.7 + 0.6 * torch.rand(chunk, 1, 1, 1, generator=g)
+        noise = 0.1 * torch.randn(chunk, 1, 28, 28, generator=g)
+        x = torch.stack([padded[i, :, 2 + dy:30 + dy, 2 + dx:30 + dx]
+                         for i, (dy, dx) in zip(pick.tolist(), shifts.tolist())])
+        xs.append((gain * x + noise).clamp(0, 1))
+        ys.append(labels[pick])
+    return torch.cat(xs)[:n], torch.cat(ys)[:n]
+
+
+def mnist(root: str, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from lightning_nsv.datamodules.mnist import BinaryMNISTDataModule
+
+    dm = BinaryMNISTDataModule(root=root, m=m, seed=seed)
+    dm.setup("fit")
+    return dm.train_dataset.tensors
+
+
+# ----------------------------------------------------------------------------------------- memory
+class PeakRSS:
+    """Peak resident set size (bytes) of this process during a ``with`` block, and at its start."""
+
+    def __enter__(self) -> "PeakRSS":
+        gc.collect()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+        self.start = _status_kb("VmRSS") * 1024
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.resettable:
+            self.peak = _status_kb("VmHWM") * 1024
+        else:  # lifetime maximum of the process: an upper bound of the step's peak
+            self.peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    @property
+    def extra(self) -> int:
+        """Peak above the RSS at the start of the block: what the step itself needed."""
+        return max(0, self.peak - self.start)
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+# --------------------------------------------------------------------------------------- training
+def train_to_zero_error(x, y01, args, seed):
+    """Plain-torch loop with the paper's recipe; returns the model, epochs, seconds and remaining errors.
+
+    The network is :class:`LeakyReLUMLP`'s ``nn.Sequential`` and its own optimiser (SGD, lr 0.01, momentum
+    0.05) and loss (logistic loss on one logit). Zero error is checked after every epoch on the whole
+    training set in float64 through the path network, as the analysis sees it.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.train_threads)
+    torch.manual_seed(seed)
+    model = LeakyReLUMLP(in_features=784, widths=list(WIDTHS), beta=0.0, bias=args.bias, optimizer="sgd",
+                         lr=args.lr, momentum=args.momentum)
+    optimizer = model.configure_optimizers()
+    part = find_path_part(model)
+    x_flat, target = x.reshape(len(x), -1), y01.to(torch.float32)
+    y_pm = torch.where(y01 > 0, 1.0, -1.0).to(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    start, errors, epoch = time.perf_counter(), len(x), 0
+    while epoch < args.max_epochs and time.perf_counter() - start < args.max_train_seconds:
+        epoch += 1
+        for batch in torch.randperm(len(x), generator=g).split(args.batch_size):
+            loss = F.binary_cross_entropy_with_logits(model(x_flat[batch]), target[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            out, _ = forward_with_slopes(part.path_network(), x_flat)
+        errors = int((y_pm * out <= 0).sum())
+        if errors == 0:
+            break
+    torch.set_num_threads(threads)
+    return model, epoch, time.perf_counter() - start, errors
+
+
+# --------------------------------------------------------------------------------------- analysis
+class ColumnOracle:
+    """``K[:, idx]`` computed on demand from the factorised kernel; counts the columns asked for."""
+
+    def __init__(self, x: torch.Tensor, slopes: list[torch.Tensor], bias: bool) -> None:
+        self.x, self.slopes, self.bias = x, slopes, bias
+        self.columns = self.calls = 0
+        self.seconds = 0.0
+
+    def __call__(self, idx: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        t = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+        block = path_kernel(self.x, self.slopes, self.x[t], [s[t] for s in self.slopes], bias=self.bias)
+        self.columns += len(t)
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return block.numpy()
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = set(a.tolist()), set(b.tolist())
+    return len(a & b) / max(len(a | b), 1)
+
+
+def timed(fn, *a, blas_threads=None, **kw):
+    with threadpool_limits(blas_threads, user_api="blas"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with PeakRSS() as mem:
+            start = time.perf_counter()
+            out = fn(*a, **kw)
+            seconds = time.perf_counter() - start
+    return out, seconds, mem, [str(w.message) for w in caught]
+
+
+def run_size(m, x_all, y_all, args, log):
+    row = {"m": m}
+    x, y01 = x_all[:m], y_all[:m]
+    model, epochs, train_s, errors = train_to_zero_error(x, y01, args, args.seed)
+    row.update(epochs=epochs, train_s=train_s, train_errors=errors)
+    log(f"m={m}: trained {epochs} epochs in {train_s:.1f} s, {errors} training errors (float64 check)")
+    if errors:
+        row["skipped"] = f"no zero training error after {epochs} epochs ({errors} errors)"
+        return row
+
+    net: PathNetwork = find_path_part(model).path_network()
+    x64 = x.reshape(m, -1).to(torch.float64)
+    y = torch.where(y01 > 0, 1.0, -1.0).to(torch.float64)
+    with torch.no_grad():
+        outputs, slopes = forward_with_slopes(net, x64)
+    net_margins = (y * outputs).numpy()
+    bias = net.biases is not None
+
+    kernel, row["kernel_s"], mem, _ = timed(path_kernel, x64, slopes, bias=bias)
+    row["kernel_mem"] = mem
+    log(f"  (a) dense path kernel: {row['kernel_s']:.1f} s, peak +{gib(mem.extra)} GiB")
+
+    bt = args.blas_threads
+    dense, row["dense_s"], row["dense_mem"], row["dense_warn"] = timed(max_margin, kernel, y, blas_threads=bt)
+    log(f"  (b) active set on dense K: {row['dense_s']:.1f} s, s={dense.n_support_}, "
+        f"KKT {dense.kkt_residual:.1e}, {dense.iterations} iterations")
+
+    svc, row["svc_s"], row["svc_mem"], row["svc_warn"] = timed(max_margin, kernel, y, intercept=True,
+                                                                    blas_threads=bt)
+    log(f"  (d) SVC with intercept: {row['svc_s']:.1f} s, s={svc.n_support_}, KKT {svc.kkt_residual:.1e}")
+    del kernel
+    gc.collect()
+
+    diag = path_kernel_diagonal(x64, slopes, bias=bias).numpy()
+    order = np.argsort(net_margins, kind="stable")
+    k, k_sqrt = dense.n_support_, int(math.sqrt(m))
+    row["initial_hit"] = len(np.intersect1d(order[:k], dense.support_)) / k
+    row["sqrt_hit"] = len(np.intersect1d(order[:k_sqrt], dense.support_)) / k_sqrt
+    for name, init in (("cols", order[:k]), ("colsq", order[:k_sqrt]), ("cols0", None)):
+        oracle = ColumnOracle(x64, slopes, bias)
+        res, row[f"{name}_s"], row[f"{name}_mem"], row[f"{name}_warn"] = timed(
+            max_margin, oracle, y, kernel_diag=diag, initial=init, blas_threads=bt)
+        row[name] = res
+        row[f"{name}_columns"], row[f"{name}_col_s"] = oracle.columns, oracle.seconds
+        row[f"{name}_calls"], row[f"{name}_iters"] = oracle.calls, res.iterations
+        row[f"{name}_jaccard"] = jaccard(res.support_, dense.support_)
+        log(f"  (c) columns on demand, initial={'none' if init is None else len(init)}: {row[f'{name}_s']:.1f} s "
+            f"({oracle.seconds:.1f} s in kernel columns), {oracle.columns} columns in {oracle.calls} calls, "
+            f"{res.iterations} iterations, s={res.n_support_}, "
+            f"KKT {res.kkt_residual:.1e}, Jaccard with (b) {row[f'{name}_jaccard']:.4f}")
+
+    wbar_norm = math.sqrt(path_norm_squared(net))
+    alpha = dense.alpha_
+    row.update(
+        dense=dense, svc=svc,
+        jaccard=jaccard(dense.support_, svc.support_),
+        min_net_margin=float(net_margins.min()),
+        margin_ratio=float(net_margins.min()) / wbar_norm / dense.margin,
+        cosine=float(alpha @ (y.numpy() * outputs.numpy())) / (wbar_norm * math.sqrt(dense.norm_v_sq)),
+    )
+    log(f"  Jaccard(no-intercept, SVC) {row['jaccard']:.4f}; margin ratio {row['margin_ratio']:.4f}; "
+        f"cosine(wbar, v) {row['cosine']:.4f}")
+    return row
+
+
+# ---------------------------------------------------------------------------------------- report
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown")
+    ram = _status_meminfo_gib()
+    env = ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS",
+                                                     "MKL_NUM_THREADS") if k in os.environ)
+    return (f"{model}; {len(os.sched_getaffinity(0))} cores usable, torch threads "
+            f"{torch.get_num_threads()}; {ram} GiB RAM; Python {platform.python_version()}, torch "
+            f"{torch.__version__}, numpy {np.__version__}, scipy {__import__('scipy').__version__}, "
+            f"scikit-learn {sklearn.__version__}" + (f"; environment: {env}" if env else ""))
+
+
+def _status_meminfo_gib() -> str:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return f"{int(line.split()[1]) / 2**20:.0f}"
+    return "?"
+
+
+VARIANTS = (("cols", "(c) initial k=s"), ("colsq", "(c√) initial k=√m"), ("cols0", "(c0) no initial"))
+
+
+def markdown(rows, args, data_desc, total_s, notes) -> str:
+    done = [r for r in rows if "skipped" not in r]
+    blas = "library default (all cores)" if args.blas_threads is None else str(args.blas_threads)
+    out = [
+        "# Network support vectors: scaling with m",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- command: `{' '.join(shlex.quote(a) for a in [sys.executable.rsplit('/', 1)[-1], *sys.argv])}`",
+        f"- machine: {machine()}; BLAS threads in the solvers: {blas}; torch threads while training: "
+        f"{args.train_threads}",
+        f"- data: {data_desc}",
+        f"- network: 784-{'-'.join(map(str, WIDTHS))}-1 ReLU, {'with' if args.bias else 'no'} biases; "
+        f"SGD lr {args.lr}, momentum {args.momentum}, batch {args.batch_size}, logistic loss, PyTorch default "
+        f"init, seed {args.seed}; trained until y·N(x) > 0 on every training sample (float64, path network), "
+        f"at most {args.max_epochs} epochs / {args.max_train_seconds:.0f} s",
+        f"- total wall time: {total_s:.0f} s ({total_s / 60:.1f} min); load average (1 min) at start "
+        f"{args.load_start}, at end {os.getloadavg()[0]:.1f} — the cores are shared, so timings are noisy",
+        "",
+        "## Training",
+        "",
+        "| m | epochs | train s | training errors (float64) | min y·N(x) | note |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "train_errors" not in r:
+            out.append(f"| {r['m']:,} | – | – | – | – | {r['skipped']} |")
+            continue
+        mn = f"{r['min_net_margin']:.3g}" if "min_net_margin" in r else "–"
+        out.append(f"| {r['m']:,} | {r['epochs']} | {r['train_s']:.1f} | {r['train_errors']} | {mn} | "
+                   f"{r.get('skipped', '')} |")
+    out += [
+        "",
+        "## Time (seconds)",
+        "",
+        "(a) dense float64 path kernel; (b) exact no-intercept active set on the dense kernel; (c) the same "
+        "solver fed kernel columns on demand (no dense kernel) with `initial=` the k smallest network margins "
+        "y·N(x), k = s of (b) (an oracle count); (c√) the same with k = ⌊√m⌋ (what "
+        "`network_support_vectors(kernel=\"columns\")` does); (c0) without `initial`. In brackets: seconds "
+        "spent computing kernel columns. (d) scikit-learn `SVC(kernel=\"precomputed\", tol=1e-5, "
+        "shrinking=False, C=1e7)` with intercept, via `max_margin(..., intercept=True)`. (a)+(b) and (a)+(d) "
+        "are the dense pipelines; (c*) include everything after the forward pass (plus `path_kernel_diagonal`, "
+        "well under 1 s).",
+        "",
+        "| m | (a) kernel | (b) active set, dense | (a)+(b) | "
+        + " | ".join(label for _, label in VARIANTS) + " | (d) SVC | (a)+(d) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in done:
+        cols = " | ".join(f"{r[f'{v}_s']:.1f} ({r[f'{v}_col_s']:.1f})" for v, _ in VARIANTS)
+        out.append(
+            f"| {r['m']:,} | {r['kernel_s']:.1f} | {r['dense_s']:.1f} | {r['kernel_s'] + r['dense_s']:.1f} | "
+            f"{cols} | {r['svc_s']:.1f} | {r['kernel_s'] + r['svc_s']:.1f} |")
+    out += [
+        "",
+        "## Support vectors and exactness",
+        "",
+        "s = number of support vectors; KKT = largest violation of the optimality conditions in functional-"
+        "margin units (`MaxMarginResult.kkt_residual`); J = Jaccard overlap of support sets; hit = fraction of "
+        "the k smallest-network-margin samples that are support vectors of (b). Margin ratio = "
+        "(min y·N(x)/‖w̄‖)/(1/‖v‖) and cosine(w̄, v) use the no-intercept max-margin direction v of (b).",
+        "",
+        "| m | s (b) | s/m | KKT (b) | iterations (b) | s (d) SVC | KKT (d) | J (b,d) | margin ratio | cosine(w̄,v) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in done:
+        d, sv = r["dense"], r["svc"]
+        out.append(
+            f"| {r['m']:,} | {d.n_support_:,} | {d.n_support_ / r['m']:.3f} | {d.kkt_residual:.1e} | "
+            f"{d.iterations} | {sv.n_support_:,} | {sv.kkt_residual:.1e} | {r['jaccard']:.4f} | "
+            f"{r['margin_ratio']:.4f} | {r['cosine']:.4f} |")
+    out += [
+        "",
+        "Kernel columns on demand: columns computed (of m) / calls of the column function / solver iterations; "
+        "s, KKT and J with (b).",
+        "",
+        "| m | variant | k | hit | columns / calls / iterations | s | KKT | J with (b) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in done:
+        for v, label in VARIANTS:
+            res = r[v]
+            k, hit = {"cols": (r["dense"].n_support_, f"{r['initial_hit']:.3f}"),
+                      "colsq": (int(math.sqrt(r["m"])), f"{r['sqrt_hit']:.3f}"), "cols0": (0, "–")}[v]
+            out.append(
+                f"| {r['m']:,} | {label} | {k:,} | {hit} | {r[f'{v}_columns']:,} / {r[f'{v}_calls']} / "
+                f"{r[f'{v}_iters']} | {res.n_support_:,} | {res.kkt_residual:.1e} | {r[f'{v}_jaccard']:.4f} |")
+    out += [
+        "",
+        "## Peak memory (GiB)",
+        "",
+        "Peak resident set size of the process during each step (VmHWM, reset before the step), and in "
+        "brackets the part above the resident size at the step's start (what the step itself needed). The "
+        "dense kernel is resident during (b) and (d), not during (c*). 8·m² bytes = one dense float64 kernel.",
+        "",
+        "| m | 8·m² | (a) kernel | (b) active set, dense | "
+        + " | ".join(label for _, label in VARIANTS) + " | (d) SVC |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in done:
+        cells = [f"{gib(r[k].peak)} (+{gib(r[k].extra)})" for k in
+                 ("kernel_mem", "dense_mem", *(f"{v}_mem" for v, _ in VARIANTS), "svc_mem")]
+        out.append(f"| {r['m']:,} | {gib(8 * r['m'] ** 2)} | " + " | ".join(cells) + " |")
+    warns = [(r["m"], k, w) for r in done for k in ("dense", "svc", *(v for v, _ in VARIANTS))
+             for w in r[f"{k}_warn"]]
+    if warns or notes:
+        out += ["", "## Notes", ""]
+        out += [f"- {n}" for n in notes]
+        out += [f"- m={m}, {k}: warning: {w}" for m, k, w in warns]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="training-set sizes m")
+    parser.add_argument("--mnist-root", default=None,
+                        help="directory holding MNIST/raw (torchvision layout); default: the load_digits stand-in")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bias", action="store_true", help="Linear layers with biases (the paper's MNIST nets have none)")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--max-epochs", type=int, default=500, help="cap on training epochs per size")
+    parser.add_argument("--max-train-seconds", type=float, default=300.0, help="cap on training time per size")
+    parser.add_argument("--train-threads", type=int, default=1,
+                        help="torch threads while training (a 16-wide MLP on 100-sample batches is fastest on one)")
+    parser.add_argument("--blas-threads", type=int, default=None,
+                        help="limit BLAS threads (threadpoolctl) during the solvers; default: no limit, as users run it")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for the analysis (default: torch's)")
+    parser.add_argument("--budget-minutes", type=float, default=25.0,
+                        help="skip a size whose projected time (m² scaling of the previous size) would overrun this")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "nsv_scale.md"))
+    args = parser.parse_args(argv)
+    sizes = sorted(set(args.sizes))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if min(sizes) < 2:
+        parser.error(f"--sizes must be at least 2, got {sizes}")
+
+    args.load_start = f"{os.getloadavg()[0]:.1f}"
+    t0 = time.perf_counter()
+    log = lambda msg: print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)  # noqa: E731
+    if args.mnist_root:
+        data_desc = f"binary MNIST (0-4 vs 5-9) from `{args.mnist_root}`, seeded random training subsets (seed {args.seed})"
+    else:
+        data_desc = ("**not MNIST** (no MNIST on this machine): an MNIST-shaped stand-in — scikit-learn `load_digits` "
+                     "(1,797 8×8 images) upsampled bilinearly to 28×28, random integer shifts in [-2, 2] px (zero "
+                     "fill), intensity ×U[0.7, 1.3], Gaussian pixel noise sd 0.1, clipped to [0, 1]; labels 0-4 → 0, "
+                     f"5-9 → 1; generator seed {args.seed}; the sets of different m are nested (first m samples)")
+        x_all, y_all = digits_standin(max(sizes), args.seed)
+
+    rows, notes, previous = [], [], None
+    for m in sizes:
+        elapsed = time.perf_counter() - t0
+        if previous is not None:
+            projected = previous[1] * (m / previous[0]) ** 2
+            if elapsed + projected > 60 * args.budget_minutes:
+                note = (f"m={m:,} skipped: projected {projected / 60:.1f} min (m² scaling of m={previous[0]:,}) "
+                        f"after {elapsed / 60:.1f} min would overrun the {args.budget_minutes:g}-min budget")
+                log(note)
+                notes.append(note)
+                rows.append({"m": m, "skipped": note})
+                continue
+        if args.mnist_root:
+            x_all, y_all = mnist(args.mnist_root, m, args.seed)
+        start = time.perf_counter()
+        rows.append(run_size(m, x_all, y_all, args, log))
+        previous = (m, time.perf_counter() - start)
+        gc.collect()
+
+    total = time.perf_counter() - t0
+    text = markdown(rows, args, data_desc, total, notes)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(text)
+    print(text)
+    log(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
