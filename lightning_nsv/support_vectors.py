@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,7 +23,13 @@ from lightning_nsv.path_space import (
     unique_patterns,
 )
 
-__all__ = ["SupportVectorAnalysis", "compression_bound", "network_support_vectors", "signed_labels"]
+__all__ = [
+    "SupportVectorAnalysis",
+    "compression_bound",
+    "max_margin_decision",
+    "network_support_vectors",
+    "signed_labels",
+]
 
 KERNEL_MODES = ("auto", "dense", "columns")
 
@@ -50,6 +57,40 @@ def compression_bound(m: int, s: int, n_hidden: int, delta: float = 0.05) -> flo
         return math.inf
     log_binom = math.lgamma(m + 1) - math.lgamma(s + 1) - math.lgamma(m - s + 1)
     return (n_hidden * s * math.log(2) + log_binom + math.log(m / delta)) / (m - s)
+
+
+def max_margin_decision(
+    net: PathNetwork,
+    x_support: Tensor,
+    y_support: Tensor,
+    alpha_support: np.ndarray | Tensor,
+    x: Tensor,
+    intercept: float = 0.0,
+    block_size: int | None = None,
+) -> Tensor:
+    """Decision function of the max-margin classifier, ``f(x) = Σ_i α_i y_i K(x, x_i) + b`` over support vectors.
+
+    Cost: the path kernel between the ``n`` query points and the ``s`` support vectors, ``O(n·s·(f + Σ Ω_l))``.
+
+    Args:
+        net: the path part at the weights the SVM was fitted for.
+        x_support, y_support, alpha_support: the support vectors (path-space inputs), their labels (0/1 or ±1)
+            and dual coefficients (``svm.alpha_[svm.support_]``).
+        x: query points, ``(n, f)`` path-space inputs.
+        intercept: ``svm.intercept_``.
+    """
+    if not len(x_support) == len(y_support) == len(alpha_support):
+        raise ValueError(
+            f"x_support, y_support and alpha_support must have one entry per support vector, got "
+            f"{len(x_support)}, {len(y_support)} and {len(alpha_support)}"
+        )
+    x_support = x_support.to(net.dtype).reshape(len(x_support), -1)
+    x = x.to(net.dtype).reshape(len(x), -1)
+    _, slopes_support = forward_with_slopes(net, x_support)
+    _, slopes_x = forward_with_slopes(net, x)
+    kernel = path_kernel(x, slopes_x, x_support, slopes_support, bias=net.biases is not None, block_size=block_size)
+    coef = torch.as_tensor(np.asarray(alpha_support), dtype=net.dtype) * signed_labels(y_support).to(net.dtype)
+    return kernel @ coef + intercept
 
 
 @dataclass(frozen=True)
@@ -219,19 +260,16 @@ def network_support_vectors(
         signs=path_signs(net),
     )
     if x_val is not None:
-        analysis.update(_validation(net, x_train, slopes_train, y, svm, x_val, y_val, bias, block_size))
+        analysis.update(_validation(net, x_train, y, svm, x_val, y_val, block_size))
     return SupportVectorAnalysis(**analysis)
 
 
-def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, bias, block_size) -> dict:
+def _validation(net, x_train, y, svm, x_val, y_val, block_size) -> dict:
     val_outputs, slopes_val = forward_with_slopes(net, x_val)
     sv = torch.from_numpy(svm.support_)
-    cross = path_kernel(
-        x_val.to(net.dtype).reshape(len(val_outputs), -1), slopes_val,
-        x_train[sv], [s[sv] for s in slopes_train], bias=bias, block_size=block_size,
-    )
-    coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[sv]
-    svm_pred = torch.where(cross @ coef + svm.intercept_ >= 0, 1.0, -1.0).to(torch.float64)
+    decision = max_margin_decision(net, x_train[sv], y[sv], svm.alpha_[svm.support_], x_val, svm.intercept_,
+                                   block_size=block_size)
+    svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
     net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to(torch.float64)
     result = {
         "unique_patterns_val": unique_patterns(slopes_val, gammas=net.gammas),

@@ -238,3 +238,17 @@ def test_plain_dataloaders_without_a_datamodule(tmp_path):
     assert callback.analysis.m == 150
     assert callback.analysis.val_agreement is not None
     assert callback.metrics["unique_patterns_val"] > 0
+
+
+def test_two_dimensional_inputs_get_boundary_and_weight_figures(tmp_path):
+    from lightning_nsv.datamodules import QuadrantDataModule
+
+    pl.seed_everything(0)
+    callback = NetworkSupportVectors()
+    run = trainer(tmp_path, callback, max_epochs=30)
+    run.fit(LeakyReLUMLP(in_features=2, widths=[4, 4], optimizer="adam", lr=0.01),
+            datamodule=QuadrantDataModule(n_samples=200, seed=0, batch_size=20))
+    assert callback.zero_error_epoch is not None
+    events = EventAccumulator(run.logger.log_dir, size_guidance={"images": 0}).Reload()
+    assert {"nsv/decision_boundaries", "nsv/path_weights"} <= set(events.Tags()["images"])
+    assert "nsv/support_vectors" not in events.Tags()["images"]

@@ -79,8 +79,11 @@ class NetworkSupportVectors(Callback):
         ``n_support``, ``support_fraction`` (s/m), ``svm_margin`` (1/||v||), ``network_margin``
         (min y N(x) / ||w̄||), ``margin_ratio``, ``cosine_wbar_v``, ``kkt_residual``, ``svm_margin_violations``,
         ``svm_alpha_at_bound``, ``unique_patterns_train``, ``unique_patterns_val``, ``val_agreement``,
-        ``val_errors_network``, ``val_errors_svm``, ``val_errors_both``, ``compression_bound``. Figures:
-        ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram of α over the support vectors).
+        ``val_errors_network``, ``val_errors_svm``, ``val_errors_both``, ``compression_bound``,
+        ``path_positive_mass_fraction``, ``path_positive_count_fraction``, ``path_negative_count``,
+        ``path_zero_count``. Figures: ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram of α
+        over the support vectors), ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
+        ``nsv/path_weights`` (networks of at most 400 weights, coloured by sign).
         When zero training error is never reached, ``nsv/zero_error_reached`` = 0 is written to the logger and
         a warning gives the number of training samples still misclassified.
 
@@ -286,6 +289,7 @@ class NetworkSupportVectors(Callback):
         )
         self._save(trainer, directory, analysis, y_train, net)
         self._log_figures(trainer, dataset, analysis)
+        self._log_path_figures(trainer, net, x_train, y_train, analysis)
         return analysis.to_metrics()
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
@@ -325,7 +329,7 @@ class NetworkSupportVectors(Callback):
         (directory / f"{stem}.json").write_text(json.dumps(summary, indent=2))
 
     def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis) -> None:
-        loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        loggers = _tensorboards(trainer)
         if not loggers:
             return
         from lightning_nsv.plotting import alpha_histogram, image_grid
@@ -344,6 +348,34 @@ class NetworkSupportVectors(Callback):
                 titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
                 figure, _ = image_grid(images, titles)
                 experiment.add_figure("nsv/support_vectors", figure, trainer.global_step)
+
+
+    def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
+                          analysis: SupportVectorAnalysis) -> None:
+        """Decision boundaries of network and SVM for 2-D inputs; the signed weights of small networks."""
+        loggers = _tensorboards(trainer)
+        if not loggers:
+            return
+        import matplotlib.pyplot as plt
+
+        from lightning_nsv.figures import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
+
+        figures = {}
+        if x_train.shape[1] == 2:
+            svm, sv = analysis.svm, analysis.svm.support_
+            grid = decision_grid(net, x_train[sv], y_train[sv], svm.alpha_[sv], svm.intercept_,
+                                 extent=data_extent(x_train), resolution=150)
+            figures["nsv/decision_boundaries"] = plot_decision_boundaries(grid, x_train, y_train, sv)[0]
+        if sum(w.numel() for w in net.weights) <= 400:
+            figures["nsv/path_weights"] = plot_path_weights(net, analysis.signs)[0]
+        for logger in loggers:
+            for tag, figure in figures.items():
+                logger.experiment.add_figure(tag, figure, trainer.global_step, close=False)
+        for figure in figures.values():
+            plt.close(figure)
+
+def _tensorboards(trainer: pl.Trainer) -> list[TensorBoardLogger]:
+    return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
 
 
 def _collate(items: list) -> tuple[Tensor, Tensor]:

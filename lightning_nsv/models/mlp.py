@@ -71,11 +71,13 @@ class LeakyReLUMLP(pl.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).squeeze(-1)
 
+    def _loss_and_error(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
+        return loss, ((logits >= 0).long() != y.long()).float().mean()
+
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
-        logits = self(x)
-        loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
-        error = ((logits >= 0).long() != y.long()).float().mean()
+        loss, error = self._loss_and_error(self(x), y)
         self.log(f"{stage}_loss", loss, on_step=False, on_epoch=True, prog_bar=stage == "train")
         self.log(f"{stage}_error", error, on_step=False, on_epoch=True, prog_bar=True)
         return loss

@@ -1,0 +1,116 @@
+"""Every example runs with ``--quick`` and writes its CSV, PNG and TensorBoard logs; the shared runner's helpers."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_nsv.experiments import markdown_table, read_csv, summarise, write_csv
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NAMES = ["sv_vs_m", "sv_vs_width", "sv_vs_depth", "bound_vs_depth", "cnn_fc_depth", "agreement_table",
+         "random_labels", "unique_patterns", "decision_boundaries", "quadrant_weights"]
+
+
+@pytest.fixture(scope="module")
+def examples():
+    sys.path.insert(0, str(EXAMPLES))
+    yield lambda name: importlib.import_module(name)
+    sys.path.remove(str(EXAMPLES))
+
+
+@pytest.fixture(scope="module")
+def cnn_run(examples, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cnn_fc_depth")
+    return out, examples("cnn_fc_depth").main(["--quick", "--out", str(out)])
+
+
+def _check_outputs(out: Path, name: str, summary: list[dict]) -> list[dict]:
+    for suffix in (".csv", "_trials.csv", ".png"):
+        assert (out / f"{name}{suffix}").stat().st_size > 0, f"{name}{suffix} missing"
+    assert list((out / "tensorboard" / "summary").glob("events.out.tfevents.*"))
+    rows = read_csv(out / f"{name}.csv")
+    assert len(rows) == len(summary) >= 1
+    return rows
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "cnn_fc_depth"])
+def test_example_quick(examples, name, tmp_path):
+    summary = examples(name).main(["--quick", "--out", str(tmp_path)])
+    _check_outputs(tmp_path, name, summary)
+    if name in ("decision_boundaries", "quadrant_weights", "sv_vs_m"):
+        assert any(row["reached"] for row in summary), f"{name} --quick should reach zero training error"
+    if name == "quadrant_weights":
+        assert (tmp_path / "quadrant_weights_boundary.png").is_file()
+        assert 0.5 < summary[0]["path_positive_mass_fraction"] <= 1
+
+
+def test_cnn_fc_depth_quick(cnn_run):
+    out, summary = cnn_run
+    rows = _check_outputs(out, "cnn_fc_depth", summary)
+    assert [row["fc_depth"] for row in rows] == [1, 2]
+    trials = read_csv(out / "cnn_fc_depth_trials.csv")
+    assert all(row["zero_error"] for row in trials), "the quick CNN should reach zero training error"
+    assert list((out / "tensorboard").glob("fc_depth=1-seed=0/events.out.tfevents.*"))
+
+
+def test_agreement_table_reuses_cnn_trials(examples, cnn_run, tmp_path):
+    out, _ = cnn_run
+    summary = examples("agreement_table").main(
+        ["--quick", "--out", str(tmp_path), "--from-trials", str(out / "cnn_fc_depth_trials.csv")])
+    rows = _check_outputs(tmp_path, "agreement_table", summary)
+    for row in rows:
+        assert row["network_only"] + row["val_errors_both"] == pytest.approx(row["val_errors_network"])
+        assert row["svm_only"] + row["val_errors_both"] == pytest.approx(row["val_errors_svm"])
+
+
+def test_bound_vs_depth_reuses_depth_trials(examples, tmp_path):
+    trials = [{"depth": d, "seed": s, "m": 100, "zero_error": 1, "n_support": 10 * d + s, "support_fraction": 0.1,
+               "compression_bound": 2.0, "val_error_network": 0.1} for d in (1, 2) for s in (0, 1)]
+    write_csv(trials, tmp_path / "depth_trials.csv")
+    summary = examples("bound_vs_depth").main(
+        ["--quick", "--out", str(tmp_path / "out"), "--from-trials", str(tmp_path / "depth_trials.csv")])
+    assert [row["ns_over_m"] for row in summary] == [pytest.approx(16 * 10.5 / 100), pytest.approx(32 * 20.5 / 100)]
+
+
+def test_script_entry_point_parses_flags():
+    result = subprocess.run([sys.executable, str(EXAMPLES / "bound_vs_depth.py"), "--help"], capture_output=True,
+                            text=True, cwd=EXAMPLES.parent, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--out", "--trials", "--data-root", "--max-epochs", "--quick", "--from-trials"):
+        assert flag in result.stdout
+
+
+def test_mnist_without_root_is_a_usage_error(examples, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        examples("sv_vs_m").main(["--data", "mnist", "--out", str(tmp_path)])
+    assert "--data-root" in capsys.readouterr().err
+
+
+def test_summarise_averages_only_trials_at_zero_error():
+    rows = [{"m": 10, "zero_error": 1, "n_support": 2.0}, {"m": 10, "zero_error": 1, "n_support": 4.0},
+            {"m": 10, "zero_error": 0}, {"m": 20, "zero_error": 0}]
+    summary = summarise(rows, ["m"], ["n_support"])
+    assert summary[0] == {"m": 10, "trials": 3, "reached": 2, "n_support": 3.0, "n_support_std": 1.0}
+    assert summary[1]["reached"] == 0 and math.isnan(summary[1]["n_support"])
+    assert markdown_table(summary, {"m": "m", "n_support": "s"}).splitlines()[2:] == ["| 10 | 3 ± 1 |", "| 20 | — |"]
+
+
+def test_csv_round_trip(tmp_path):
+    rows = [{"a": 1, "b": 0.5, "c": "x"}, {"a": 2, "d": None}]
+    assert read_csv(write_csv(rows, tmp_path / "r.csv")) == [{"a": 1, "b": 0.5, "c": "x", "d": None},
+                                                             {"a": 2, "b": None, "c": None, "d": None}]
+
+
+def test_parse_quick_means_one_trial(tmp_path):
+    from lightning_nsv.experiments import example_parser, parse
+
+    args = parse(example_parser("x", "doc"), ["--quick", "--trials", "3", "--out", str(tmp_path / "o")])
+    assert isinstance(args, argparse.Namespace) and args.trials == 1 and args.batch_size == 20
+    assert args.max_epochs == 100 and args.optimizer == "adam"
+    assert (tmp_path / "o").is_dir()

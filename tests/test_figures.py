@@ -1,0 +1,118 @@
+"""The figure helpers against direct computations with materialised path features."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_nsv.figures import (
+    agreement_counts,
+    data_extent,
+    decision_grid,
+    max_margin_decision,
+    plot_agreement,
+    plot_decision_boundaries,
+    plot_path_weights,
+    plot_sweep,
+    plot_unique_patterns,
+)
+from lightning_nsv.max_margin import max_margin
+from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_signs
+from lightning_nsv.plotting import plt
+from tests.reference import materialise_phi
+
+
+def _network(bias: bool, seed: int = 0, widths=(4, 3), in_features: int = 2) -> PathNetwork:
+    g = torch.Generator().manual_seed(seed)
+    sizes = [in_features, *widths, 1]
+    weights = [torch.randn(sizes[k + 1], sizes[k], generator=g, dtype=torch.float64) for k in range(len(sizes) - 1)]
+    biases = [0.3 * torch.randn(n, generator=g, dtype=torch.float64) for n in sizes[1:]] if bias else None
+    return PathNetwork(tuple(weights), None if biases is None else tuple(biases), (0.1,) * len(widths),
+                       (1.0,) * len(widths))
+
+
+def _separable_by_network(net: PathNetwork, n: int = 40, seed: int = 1):
+    """Points labelled by the network's own sign: zero training error by construction."""
+    x = torch.randn(n, net.in_features, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    outputs, slopes = forward_with_slopes(net, x)
+    y = torch.where(outputs >= 0, 1.0, -1.0).to(torch.float64)
+    svm = max_margin(path_kernel(x, slopes, bias=net.biases is not None), y)
+    return x, y, svm
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_max_margin_decision_equals_materialised_features(bias):
+    net = _network(bias)
+    x, y, svm = _separable_by_network(net)
+    sv = svm.support_
+    query = torch.randn(7, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = max_margin_decision(net, x[sv], y[sv], svm.alpha_[sv], query, intercept=0.25)
+    v = (torch.from_numpy(svm.alpha_) * y) @ materialise_phi(net, x)  # v = Σ α_i y_i phi(x_i)
+    torch.testing.assert_close(got, materialise_phi(net, query) @ v + 0.25, rtol=1e-9, atol=1e-10)
+    # on the training set the decision function is y_i times the solver's functional margins
+    on_train = max_margin_decision(net, x[sv], y[sv], svm.alpha_[sv], x)
+    np.testing.assert_allclose((y * on_train).numpy(), svm.functional_margins, rtol=1e-7, atol=1e-8)
+
+
+def test_max_margin_decision_rejects_mismatched_support():
+    net = _network(False)
+    with pytest.raises(ValueError, match="one entry per support vector"):
+        max_margin_decision(net, torch.zeros(3, 2), torch.ones(2), np.ones(3), torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_decision_grid_against_direct_computation(bias):
+    net = _network(bias, seed=3)
+    x, y, svm = _separable_by_network(net, seed=4)
+    sv = svm.support_
+    extent = data_extent(x)
+    grid = decision_grid(net, x[sv], y[sv], svm.alpha_[sv], svm.intercept_, extent=extent, resolution=9)
+    assert grid.network.shape == grid.svm.shape == (9, 9)
+    gx, gy = np.meshgrid(np.linspace(extent[0], extent[1], 9), np.linspace(extent[2], extent[3], 9))
+    points = torch.from_numpy(np.stack([gx.ravel(), gy.ravel()], 1))
+    np.testing.assert_allclose(grid.network.ravel(), forward_with_slopes(net, points)[0].numpy(), rtol=1e-12)
+    _, slopes_points = forward_with_slopes(net, points)
+    _, slopes_train = forward_with_slopes(net, x)
+    full = path_kernel(points, slopes_points, x, slopes_train, bias=bias) @ (torch.from_numpy(svm.alpha_) * y)
+    np.testing.assert_allclose(grid.svm.ravel(), full.numpy() + svm.intercept_, rtol=1e-9, atol=1e-10)
+    assert grid.agreement == np.mean((grid.network >= 0) == (grid.svm >= 0))
+    fig, axes = plot_decision_boundaries(grid, x, (y > 0).long(), sv)
+    assert len(axes) == 2 and all(ax.collections for ax in axes)
+    plt.close(fig)
+
+
+def test_data_extent_pads_and_needs_two_features():
+    assert data_extent(np.array([[0.0, -1.0], [2.0, 1.0]]), pad=0.5) == (-1.0, 3.0, -2.0, 2.0)
+    with pytest.raises(ValueError, match="2-D inputs"):
+        data_extent(np.zeros((4, 3)))
+
+
+def test_plot_path_weights_draws_every_weight_and_reports_signs():
+    positive = PathNetwork((torch.ones(3, 2, dtype=torch.float64), -torch.ones(2, 3, dtype=torch.float64),
+                            -torch.ones(1, 2, dtype=torch.float64)), None, (0.1, 0.1), (1.0, 1.0))
+    signs = path_signs(positive)
+    assert signs.positive_count_fraction == 1.0  # two negative weights on every path
+    fig, (graph, bars) = plot_path_weights(positive, signs)
+    assert len(graph.lines) == 6 + 6 + 2 + 2  # one line per weight, two legend handles
+    assert "100.0% of paths" in bars.get_title()
+    plt.close(fig)
+
+
+def test_agreement_counts_and_plot():
+    counts = agreement_counts({"val_errors_network": 7.0, "val_errors_svm": 5.0, "val_errors_both": 4.0,
+                               "val_agreement": 0.99})
+    assert counts == {"network_only": 3.0, "svm_only": 1.0, "both": 4.0, "agreement": 0.99}
+    fig, ax = plot_agreement([3, 4], [counts, counts])
+    assert len(ax.patches) == 6
+    plt.close(fig)
+
+
+def test_sweep_and_pattern_plots():
+    rows = [{"m": m, "support_fraction": 0.2, "support_fraction_std": 0.01, "unique_patterns_train": m / 10,
+             "unique_patterns_val": 30.0} for m in (100, 200, 400)]
+    fig, ax = plot_sweep(rows, "m", {"support_fraction": "s/m"}, xlabel="m", ylabel="s/m", logx=True)
+    assert ax.get_xscale() == "log" and len(ax.containers) == 1
+    plt.close(fig)
+    fig, ax = plot_unique_patterns(rows, n_test=359)
+    assert ax.get_yscale() == "log" and len(ax.get_legend().get_texts()) == 4
+    plt.close(fig)
