@@ -1,5 +1,6 @@
 """LightningModules whose networks the analyses read."""
+from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.layers import LeakyReLUFamily, make_activation, mlp_sequential
 from lightning_nsv.models.mlp import LeakyReLUMLP
 
-__all__ = ["LeakyReLUFamily", "LeakyReLUMLP", "make_activation", "mlp_sequential"]
+__all__ = ["ConvFCNet", "LeakyReLUFamily", "LeakyReLUMLP", "make_activation", "mlp_sequential"]
