@@ -22,3 +22,24 @@ def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog):
     assert list((version / "nsv").glob("support_vectors_epoch*.pt"))
     config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"
+
+
+def test_skip_network_config_trains_with_the_valley_callbacks(tmp_path):
+    config = yaml.safe_load(CONFIG.with_name("skip_digits.yaml").read_text())
+    config["trainer"].update(max_epochs=2, default_root_dir=str(tmp_path))
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(tmp_path)
+    config["data"]["init_args"]["m"] = config["model"]["init_args"]["num_skip_units"] = 60
+    for callback in config["trainer"]["callbacks"]:
+        callback["init_args"]["every_n_epochs"] = 1
+    config["trainer"]["callbacks"][1]["init_args"]["surface_points"] = 3
+    small = tmp_path / "skip.yaml"
+    small.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(small)])
+    version = next((tmp_path / "tensorboard").glob("version_*"))
+    tags = set(EventAccumulator(str(version)).Reload().Tags()["scalars"])
+    expected = {"psi/rank", "psi/full_rank", "psi/num_samples", "psi/num_units", "valley/lemma21_certified",
+                "valley/escape_applies", "valley/assumption31_m_ge_n"}
+    assert expected <= tags, sorted(tags)
+    values = EventAccumulator(str(version)).Reload()
+    assert [e.value for e in values.Scalars("psi/num_samples")][-1] == 60
+    assert [e.value for e in values.Scalars("psi/num_units")][-1] == 64 + 60

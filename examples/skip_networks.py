@@ -1,0 +1,185 @@
+"""Nguyen, Mukkamala & Hein (ICLR 2019), central finding: a deep sigmoid network that SGD cannot fit reaches
+zero training error once M >= N of its hidden units are wired straight to the output.
+
+Three runs of one fully connected sigmoid network (default 8 hidden layers of 64 units) on the same training
+subset (default: the bundled digits, 10 classes, m = 400):
+
+- ``original``: the network as it is, trained with SGD;
+- ``skip_rand``: the last hidden layer plus ``--skip-units`` (default N) units drawn with the seed from the lower
+  layers feed the output; the hidden weights U stay at their random initialisation and only V is trained. The
+  problem is convex in V; it is solved with full-batch L-BFGS (``--rand-optimizer sgd`` trains it like the
+  paper, with SGD, which needs thousands of epochs here);
+- ``skip_sgd``: the same skip network with U and V trained by SGD.
+
+Writes to ``--out``: ``skip_networks.csv`` (train and test accuracy per mode, with the loss, rank of Ψ and the
+Lemma 2.1 certificate), ``skip_networks.png`` (training loss per epoch and the accuracies) and
+``tensorboard/<mode>/`` (training curves, the ``psi/`` and ``valley/`` metrics and figures of
+:class:`~lightning_nsv.callbacks.psi_rank.PsiRankMonitor` and
+:class:`~lightning_nsv.callbacks.loss_valley.LossValleyMonitor`).
+
+Usage::
+
+    python examples/skip_networks.py                                   # digits, a few minutes on 2 CPU cores
+    python examples/skip_networks.py --data mnist --data-root data --m 1000 --width 160
+    python examples/skip_networks.py --data cifar --data-root data --m 1000 --width 160
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.loggers import TensorBoardLogger
+
+from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
+from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
+from lightning_nsv.datamodules import CIFAR10_CLASSES
+from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, write_csv
+from lightning_nsv.models.skip import MODES, SkipNetwork
+
+COLUMNS = {"mode": "mode", "optimizer": "optimizer", "N": "N", "M": "M", "psi_rank": "rank Ψ",
+           "train_loss": "train loss", "train_acc": "train acc", "test_acc": "test acc",
+           "lemma21": "Lemma 2.1", "seconds": "s"}
+
+
+class _LossHistory(Callback):
+    """The epoch-mean training loss, for the figure."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.losses.append(float(trainer.callback_metrics["train_loss"]))
+
+
+@torch.no_grad()
+def accuracy(model: SkipNetwork, dataset: Any) -> float:
+    """Accuracy of the frozen network on a whole TensorDataset (eval mode, restored)."""
+    x, y = dataset.tensors
+    training = model.training
+    model.eval()
+    correct = sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in zip(x.split(1024), y.split(1024)))
+    model.train(training)
+    return correct / len(y)
+
+
+def run_mode(args: argparse.Namespace, mode: str) -> tuple[dict[str, Any], list[float]]:
+    pl.seed_everything(args.seed, verbose=False)
+    lbfgs = mode == "skip_rand" and args.rand_optimizer == "lbfgs"
+    extra = {"classes": CIFAR10_CLASSES} if args.data == "cifar" else {}
+    dm = make_datamodule(args.data, m=args.m, seed=args.data_seed, root=args.data_root, download=args.download,
+                         batch_size=args.m if lbfgs else args.batch_size, task="multiclass", **extra)
+    dm.setup("fit")
+    n = len(dm.train_dataset)
+    model = SkipNetwork.mlp(
+        math.prod(dm.input_shape), [args.width] * args.depth, dm.num_classes, args.activation,
+        num_skip_units=0 if mode == "original" else (args.skip_units or n), mode=mode, skip_seed=args.seed,
+        optimizer="lbfgs" if lbfgs else "sgd", lr=1.0 if lbfgs else args.lr, momentum=args.momentum,
+    )
+    history = _LossHistory()
+    callbacks = [history, PsiRankMonitor(every_n_epochs=args.check_every),
+                 LossValleyMonitor(every_n_epochs=args.check_every, surface_points=args.surface_points,
+                                   seed=args.seed)]
+    trainer = pl.Trainer(
+        max_epochs=args.epochs, logger=TensorBoardLogger(args.out, name="tensorboard", version=mode),
+        callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        check_val_every_n_epoch=args.check_every, num_sanity_val_steps=0, log_every_n_steps=1,
+        accelerator="cpu", deterministic=True,
+    )
+    start = time.perf_counter()
+    trainer.fit(model, dm.train_dataloader(), dm.val_dataloader())  # loaders: the model's and data's seeds differ
+    psi, valley = callbacks[1].last_metrics, callbacks[2].last_metrics
+    row = {
+        "mode": mode, "optimizer": model.hparams.optimizer, "epochs": args.epochs, "N": n, "M": model.num_units,
+        "psi_rank": int(psi["rank"]), "psi_full_rank": int(psi["full_rank"]),
+        "psi_condition_number": psi["condition_number"], "train_loss": valley["mean_loss"],
+        "train_acc": accuracy(model, dm.train_dataset), "test_acc": accuracy(model, dm.val_dataset),
+        "n_test": len(dm.val_dataset), "lemma21": int(valley["lemma21_certified"]),
+        "escape_applies": int(valley["escape_applies"]), "seed": args.seed, "data_seed": args.data_seed,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    print(f"{mode}: train acc {row['train_acc']:.4f}, test acc {row['test_acc']:.4f}, rank Ψ {row['psi_rank']} "
+          f"of N = {n} (M = {row['M']}), {row['seconds']} s", flush=True)
+    return row, history.losses
+
+
+def plot(rows: Sequence[dict[str, Any]], curves: dict[str, list[float]], title: str) -> Any:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    for mode, losses in curves.items():
+        ax_loss.semilogy(range(1, len(losses) + 1), losses, label=mode)
+    ax_loss.set(xlabel="epoch", ylabel="training loss (epoch mean)", title=title)
+    ax_loss.legend()
+    x = torch.arange(len(rows)).numpy()
+    for shift, key in ((-0.2, "train_acc"), (0.2, "test_acc")):
+        bars = ax_acc.bar(x + shift, [100 * r[key] for r in rows], width=0.4, label=key.replace("_acc", ""))
+        ax_acc.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax_acc.set_xticks(x, [r["mode"] for r in rows])
+    ax_acc.set(ylabel="accuracy (%)", ylim=(0, 110), title="accuracy after training")
+    ax_acc.legend(loc="upper left")
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", default="runs/skip_networks", help="output directory (CSV, PNG, tensorboard/)")
+    parser.add_argument("--data", choices=["digits", "mnist", "cifar"], default="digits", help="10-class data set")
+    parser.add_argument("--data-root", default=None, help="directory holding MNIST/raw or cifar-10-batches-py")
+    parser.add_argument("--download", action="store_true", help="let torchvision download MNIST/CIFAR-10")
+    parser.add_argument("--m", type=int, default=400, help="training samples N")
+    parser.add_argument("--depth", type=int, default=8, help="hidden layers")
+    parser.add_argument("--width", type=int, default=64, help="units per hidden layer")
+    parser.add_argument("--activation", default="sigmoid", help="sigmoid, softplus, tanh, relu, leaky_relu")
+    parser.add_argument("--skip-units", type=int, default=None, help="units drawn from lower layers (default: N)")
+    parser.add_argument("--epochs", type=int, default=200, help="training epochs of every mode")
+    parser.add_argument("--batch-size", type=int, default=50, help="SGD batch size")
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--rand-optimizer", choices=["lbfgs", "sgd"], default="lbfgs",
+                        help="optimizer of the convex skip_rand problem (lbfgs: full batch)")
+    parser.add_argument("--modes", default="original,skip_rand,skip_sgd",
+                        help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--check-every", type=int, default=20, help="epochs between Ψ/valley checks")
+    parser.add_argument("--surface-points", type=int, default=11, help="grid of the 2-D loss slice (0: off)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the network, the skip units and the slice")
+    parser.add_argument("--data-seed", type=int, default=0, help="seed of the split and the training subset")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and few epochs: a smoke test in seconds")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads; small networks run fastest on one, 0 keeps torch's default")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.m, args.depth, args.width, args.epochs, args.check_every, args.surface_points = 60, 4, 24, 6, 3, 3
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.check_every > args.epochs:
+        parser.error(f"--check-every ({args.check_every}) must be at most --epochs ({args.epochs})")
+    quiet()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows, curves = [], {}
+    for mode in args.modes.split(","):
+        row, curves[mode] = run_mode(args, mode)
+        rows.append(row)
+    write_csv(rows, Path(args.out) / "skip_networks.csv")
+    title = f"{args.data}, N = {args.m}, {args.depth}x{args.width} {args.activation}"
+    fig = plot(rows, curves, title)
+    fig.savefig(Path(args.out) / "skip_networks.png", dpi=90)
+    table = markdown_table(rows, COLUMNS)
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(Path(args.out) / "tensorboard" / "summary")) as writer:
+        writer.add_text("skip_networks/table", table)
+        writer.add_figure("skip_networks/figure", fig)
+    print(f"\n{title}; results in {args.out}\n{table}", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Evidence about the loss landscape of a skip network: Lemma 2.1, the escape path, a 2-D slice, Assumption 3.1."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import Tensor
+
+from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
+from lightning_nsv.models.skip import SkipNetwork, _eval_mode
+from lightning_nsv.valley import (
+    Assumption31Checks,
+    LossSurface,
+    assumption31_checks,
+    escape_path,
+    lemma21_certificate,
+    loss_surface_2d,
+)
+
+
+class LossValleyMonitor(_SkipNetworkMonitor):
+    """Certificates of Nguyen, Mukkamala & Hein (2019) on a :class:`~lightning_nsv.models.skip.SkipNetwork`.
+
+    Every ``every_n_epochs`` training epochs, on the whole training set (rank 0 computes, the numbers are
+    broadcast, every rank logs the same keys; skipped during sanity checking and ``fast_dev_run``):
+
+    - **Lemma 2.1**: mean cross-entropy Φ against ``log(2)/N`` (Φ below it ⇒ zero training error) and the
+      number of per-sample losses ``>= log 2`` (none ⇒ zero training error). The losses come from the float64
+      Ψ and the output weights, ``G = Ψ V (+ b)``.
+    - **Escape path** (proof of Theorem 3.4): ``V*`` with ``Ψ V* = Y t*`` (loss ``ε/2``), the loss along
+      ``V(λ) = (1-λ)V + λV*`` and its maximum against the current loss. When rank Ψ < N the system is not
+      solvable in general: the residual is logged, ``escape_applies`` is 0 and a warning says the
+      certificate does not apply.
+    - **2-D slice** of the loss of the whole network (all parameters, U and V, moved in place and restored)
+      along two filter-normalised random directions (Li et al., 2018), seeded.
+    - **Assumption 3.1**, checked once at the start of training: activation class (ReLU/Leaky-ReLU are outside
+      the theory), ``M >= N``, duplicate training inputs. A failing check is logged as 0 and reported once
+      in a rank-zero warning with its reason.
+
+    Memory and time: Ψ (``8·N·M`` bytes) is held for the least-squares solve, so ``N·M·8`` must fit
+    ``max_memory_bytes`` (checked at the start); the solve costs O(N·M·min(N, M)); the slice costs
+    ``surface_points²`` passes over the training set.
+
+    **Logged metrics** (``prefix`` defaults to ``"valley/"``), via ``pl_module.log`` at the end of a training
+    epoch:
+
+    - ``valley/mean_loss``, ``valley/max_loss``: mean and largest per-sample cross-entropy.
+    - ``valley/lemma21_threshold``: ``log(2)/N``.
+    - ``valley/num_losses_ge_log2``: per-sample losses ``>= log 2``.
+    - ``valley/lemma21_certified``: 1.0 if the mean loss ``< log(2)/N``.
+    - ``valley/per_sample_certified``: 1.0 if every per-sample loss ``< log 2``.
+    - ``valley/escape_start_loss``, ``valley/escape_target_loss``, ``valley/escape_max_loss``: loss at V, at
+      V* (ε/2 when exact) and the maximum along the segment.
+    - ``valley/escape_residual``: relative residual of ``Ψ V* = Y t*``.
+    - ``valley/escape_applies``: 1.0 if the residual is within tolerance (the certificate holds).
+    - ``valley/escape_in_sublevel_set``: 1.0 if the maximum along the path is ``<= max(start, target)``.
+    - ``valley/escape_convexity_gap``: largest excess of the curve over its chord (≤ 0 up to rounding).
+    - ``valley/escape_target_norm``: Frobenius norm of V*.
+    - ``valley/surface_center_loss``, ``valley/surface_min_loss``, ``valley/surface_max_loss`` (when
+      ``surface_points > 0``).
+    - ``valley/assumption31_analytic_increasing``, ``valley/assumption31_skip_activation``,
+      ``valley/assumption31_m_ge_n``, ``valley/assumption31_num_duplicates``, ``valley/assumption31_satisfied``.
+
+    Figures (TensorBoardLogger only): ``valley/escape_path`` and ``valley/loss_surface``.
+
+    Args:
+        every_n_epochs: Run after every n-th training epoch.
+        eps: ε of the escape path (loss ``ε/2`` at V*); None takes ``log(2)/N``, so that V* is certified by
+            Lemma 2.1.
+        path_points: Points on the escape path, endpoints included (>= 2).
+        surface_points: Grid points per axis of the 2-D slice; 0 turns the slice off.
+        surface_span: Half-width of the slice in units of the normalised directions.
+        seed: Seed of the slice's directions.
+        batch_size: Samples per forward pass.
+        max_memory_bytes: Largest Ψ (``8·N·M`` bytes) the callback may hold.
+        log_figure: Send the figures to TensorBoard loggers.
+        prefix: Prefix of the logged keys and figure tags.
+
+    Raises:
+        ValueError: On arguments out of range here; from ``on_train_start`` when Ψ exceeds
+            ``max_memory_bytes``.
+        TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
+
+    Example::
+
+        >>> monitor = LossValleyMonitor(every_n_epochs=10, surface_points=9)
+        >>> trainer = pl.Trainer(callbacks=[monitor], max_epochs=50)  # doctest: +SKIP
+    """
+
+    _figures = ("escape_path", "loss_surface")
+
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        eps: float | None = None,
+        path_points: int = 51,
+        surface_points: int = 11,
+        surface_span: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 1024,
+        max_memory_bytes: int = 2**30,
+        log_figure: bool = True,
+        prefix: str = "valley/",
+    ) -> None:
+        super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
+        if eps is not None and not eps > 0:
+            raise ValueError(f"`eps` must be > 0 (the loss at V* is eps/2) or None for log(2)/N, got {eps}")
+        if path_points < 2:
+            raise ValueError(f"`path_points` must be >= 2 (both ends of the path), got {path_points}")
+        if surface_points < 0 or surface_points == 1:
+            raise ValueError(f"`surface_points` must be 0 (no slice) or >= 2, got {surface_points}")
+        if not surface_span > 0:
+            raise ValueError(f"`surface_span` must be > 0, got {surface_span}")
+        self.eps, self.path_points, self.seed = eps, path_points, seed
+        self.surface_points, self.surface_span = surface_points, surface_span
+        self.checks: Assumption31Checks | None = None
+        self._targets: Tensor | None = None
+        self._warned_escape = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loader = _training_loader(self, trainer, self.batch_size)
+        n, m = len(loader.dataset), pl_module.num_units
+        if 8 * n * m > self.max_memory_bytes:  # checked on every rank, so that all of them stop
+            raise ValueError(
+                f"{type(self).__name__} holds Ψ ({n}x{m}, {8 * n * m / 2**20:.1f} MiB in float64), more than "
+                f"max_memory_bytes={self.max_memory_bytes}; raise the limit or train on fewer samples"
+            )
+        if trainer.is_global_zero:
+            self._check_assumptions(loader, pl_module)
+
+    def _check_assumptions(self, loader: Any, pl_module: SkipNetwork) -> None:
+        batches = list(loader)
+        inputs, self._targets = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]).long()
+        self.checks = assumption31_checks(pl_module.activations, pl_module.num_units, inputs)
+        if self.checks.reasons:
+            rank_zero_warn(
+                f"{type(self).__name__}: Assumption 3.1 of Nguyen et al. (2019) does not hold for this "
+                f"{type(pl_module).__name__} (mode {pl_module.mode!r}), so Theorem 3.4 does not apply:\n- "
+                + "\n- ".join(self.checks.reasons)
+            )
+
+    def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
+        loader = _training_loader(self, trainer, self.batch_size)
+        psi, y = pl_module.psi(loader), self._targets.to(pl_module.device)
+        V, b = (t.detach().to(torch.float64) if t is not None else None for t in pl_module.output_weights())
+        logits = psi @ V + (0 if b is None else b)
+        path = escape_path(psi, V, y, self.eps or math.log(2) / len(y), self.path_points, bias=b)
+        if not path.applies and not self._warned_escape:
+            self._warned_escape = True
+            rank_zero_warn(
+                f"{type(self).__name__}: the escape-path certificate does not apply: Ψ V* = Y t* has relative "
+                f"residual {path.residual:.2e} (Ψ is {psi.shape[0]}x{psi.shape[1]}; it needs rank Ψ = N)"
+            )
+        results = {
+            "assumption31": self.checks,
+            "lemma21": lemma21_certificate(F.cross_entropy(logits, y, reduction="none")),
+            "escape_path": path,
+        }
+        if self.surface_points:
+            results["loss_surface"] = self._surface(pl_module, loader)
+        return results
+
+    def _surface(self, pl_module: SkipNetwork, loader: Any) -> LossSurface:
+        n = len(loader.dataset)
+
+        def loss() -> float:
+            total = sum(F.cross_entropy(pl_module(x.to(pl_module.device)), t.to(pl_module.device), reduction="sum")
+                        for x, t, *_ in loader)
+            return float(total) / n
+
+        with _eval_mode(pl_module):
+            return loss_surface_2d(loss, list(pl_module.parameters()), self.surface_span, self.surface_points,
+                                   self.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "warned_escape": self._warned_escape}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._warned_escape = state_dict.get("warned_escape", self._warned_escape)

@@ -1,0 +1,165 @@
+"""Rank of Ψ, the skip units' outputs on the training set, during training."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
+
+from lightning_nsv.models.skip import SkipNetwork
+from lightning_nsv.valley import check_streaming_memory, psi_spectrum_streaming
+
+
+def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
+    if not isinstance(pl_module, SkipNetwork):
+        raise TypeError(
+            f"{type(callback).__name__} works on a lightning_nsv.models.skip.SkipNetwork (it reads Ψ, the outputs of "
+            f"the skip units), got {type(pl_module).__name__}; wrap your network: "
+            "SkipNetwork(net, num_skip_units=..., mode=...)"
+        )
+
+
+def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -> DataLoader:
+    """A non-shuffled loader over the whole training set (all ranks' samples)."""
+    loader = trainer.train_dataloader
+    if not isinstance(loader, DataLoader):
+        raise RuntimeError(
+            f"{type(callback).__name__} needs the training set as one DataLoader (or a datamodule's "
+            f"train_dataloader), got {type(loader).__name__}"
+        )
+    return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False)
+
+
+def _add_figure(trainer: pl.Trainer, tag: str, fig: Any) -> None:
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_figure(tag, fig, global_step=trainer.global_step)
+
+
+class _SkipNetworkMonitor(Callback):
+    """The Lightning shell both monitors share: the schedule, the rank-0 computation and its broadcast, the
+    logging of the same keys on every rank, figures to TensorBoard and checkpoint state. Subclasses
+    implement :meth:`_compute` (rank 0 only) and name the results that have a figure in ``_figures``."""
+
+    _figures: tuple[str, ...] = ()
+
+    def __init__(self, every_n_epochs: int, batch_size: int, max_memory_bytes: int, log_figure: bool,
+                 prefix: str) -> None:
+        for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
+                            ("max_memory_bytes", max_memory_bytes)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        self.every_n_epochs, self.batch_size, self.max_memory_bytes = every_n_epochs, batch_size, max_memory_bytes
+        self.log_figure, self.prefix = log_figure, prefix
+        self.last_epoch: int | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(every_n_epochs=self.every_n_epochs, prefix=self.prefix)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        _require_skip_network(self, pl_module)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.fast_dev_run or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        self._run(trainer, pl_module)
+
+    def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
+        results = self._compute(trainer, pl_module) if trainer.is_global_zero else None
+        metrics = None if results is None else {k: v for r in results.values() for k, v in r.to_metrics().items()}
+        metrics = trainer.strategy.broadcast(metrics, src=0)
+        for key, value in metrics.items():
+            pl_module.log(self.prefix + key, value, on_step=False, on_epoch=True)
+        if results is not None and self.log_figure:
+            for name in self._figures:
+                if name in results:
+                    _add_figure(trainer, self.prefix + name, results[name].plot()[0])
+        self.last_epoch, self.last_metrics = trainer.current_epoch, dict(metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch, "last_metrics": dict(self.last_metrics)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_epoch = state_dict.get("last_epoch", self.last_epoch)
+        self.last_metrics = dict(state_dict.get("last_metrics", self.last_metrics))
+
+
+class PsiRankMonitor(_SkipNetworkMonitor):
+    """Logs the numerical rank and spectrum of Ψ (N×M) of a :class:`~lightning_nsv.models.skip.SkipNetwork`.
+
+    Every ``every_n_epochs`` training epochs, Ψ is computed over the whole training set (a non-shuffled
+    pass over ``trainer.train_dataloader.dataset``, float64 copy of the hidden layers in eval mode) and
+    its rank, with the tolerance ``σ_max · max(N, M) · eps`` of DESIGN §3, is compared with N: rank N is the
+    condition of Lemma 3.2 / Theorem 3.4. Rank 0 computes, the numbers are broadcast, every rank logs the
+    same keys. Skipped during sanity checking and ``fast_dev_run``.
+
+    Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and its singular values
+    come from an SVD. Above it, Ψ is never held: the R factor of a QR factorisation of Ψ (M×M, when M <= N,
+    updated over batches of rows in one pass over the data) or of Ψᵀ (N×N, when M > N, updated over column
+    chunks of Ψ, one pass per chunk) is accumulated in float64 and its singular values, which are Ψ's,
+    are taken; only ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit are held.
+    Unlike the Gram matrix ΨᵀΨ, R does not square the condition number, so this route keeps the SVD's
+    accuracy and tolerance (see :func:`~lightning_nsv.valley.psi_spectrum_streaming`). If the limit is below
+    ``16·min(N, M)²`` bytes too, training stops at its start with an error that says so.
+
+    **Logged metrics** (``prefix`` defaults to ``"psi/"``), via ``pl_module.log`` at the end of a training
+    epoch:
+
+    - ``psi/rank``: numerical rank of Ψ.
+    - ``psi/sigma_min``: smallest of the min(N, M) singular values.
+    - ``psi/sigma_max``: largest singular value.
+    - ``psi/condition_number``: ``sigma_max / sigma_min`` (inf when ``sigma_min`` is 0).
+    - ``psi/num_samples``: N.
+    - ``psi/num_units``: M.
+    - ``psi/full_rank``: 1.0 if rank = N, else 0.0.
+
+    Figure (TensorBoardLogger only): ``psi/spectrum``, the singular values on a log scale with the tolerance.
+
+    Args:
+        every_n_epochs: Run after every n-th training epoch.
+        batch_size: Samples per forward pass when computing Ψ.
+        max_memory_bytes: Largest Ψ (``8·N·M`` bytes) to assemble; above it the streaming QR route is taken.
+        log_figure: Send the spectrum figure to TensorBoard loggers.
+        prefix: Prefix of the logged keys and the figure tag.
+
+    Raises:
+        ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``; from
+            ``on_train_start`` when even the streaming route does not fit ``max_memory_bytes``.
+        TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
+
+    Example::
+
+        >>> monitor = PsiRankMonitor(every_n_epochs=5)
+        >>> trainer = pl.Trainer(callbacks=[monitor], max_epochs=20)  # doctest: +SKIP
+        >>> trainer.fit(SkipNetwork.mlp(64, [128] * 6, 10, num_skip_units=500), datamodule=dm)  # doctest: +SKIP
+    """
+
+    _figures = ("spectrum",)
+
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        batch_size: int = 1024,
+        max_memory_bytes: int = 2**30,
+        log_figure: bool = True,
+        prefix: str = "psi/",
+    ) -> None:
+        super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # on every rank, so that all of them stop rather than wait for rank 0 at the broadcast
+        n = len(_training_loader(self, trainer, self.batch_size).dataset)
+        check_streaming_memory(n, pl_module.num_units, self.max_memory_bytes)
+
+    def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
+        loader = _training_loader(self, trainer, self.batch_size)
+        spectrum = psi_spectrum_streaming(lambda cols: pl_module.iter_psi(loader, cols), len(loader.dataset),
+                                          pl_module.num_units, self.max_memory_bytes)
+        return {"spectrum": spectrum}
