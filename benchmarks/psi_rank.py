@@ -44,7 +44,7 @@ def main() -> None:
     if args.m > args.n:
         parser.error(f"--m must be at most --n (the ΨᵀΨ route), got {args.m} > {args.n}")
     width = -(-args.m // 10)
-    model = SkipNetwork.mlp(64, [width] * 10, 10, args.activation, num_skip_units=args.m - width, seed=0)
+    model = SkipNetwork.mlp(64, [width] * 10, 10, args.activation, num_skip_units=args.m - width, skip_seed=0)
     x = torch.randn(args.n, 64, generator=torch.Generator().manual_seed(0))
     torch.linalg.svdvals(torch.randn(200, 200, dtype=torch.float64))  # warm up LAPACK
     psi, t_psi = timed(lambda: model.psi(x, batch_size=1000))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes, path_kernel, path_signs
+from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes, path_signs
 from lightning_nsv.plotting import plt
 from lightning_nsv.support_vectors import max_margin_decision, signed_labels
 

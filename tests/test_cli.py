@@ -10,11 +10,16 @@ CONFIG = Path(__file__).parents[1] / "examples" / "configs" / "digits_mlp.yaml"
 
 
 def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog):
-    with caplog.at_level(logging.INFO):
-        main([
-            "fit", "--config", str(CONFIG), f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=400",
-        ])
+    report_logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")  # where rank_zero_info writes
+    report_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=report_logger.name):
+            main([
+                "fit", "--config", str(CONFIG), f"--trainer.default_root_dir={tmp_path}",
+                f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=400",
+            ])
+    finally:
+        report_logger.removeHandler(caplog.handler)
     version = next((tmp_path / "tensorboard").glob("version_*"))
     tags = EventAccumulator(str(version)).Reload().Tags()["scalars"]
     assert {"nsv/n_support", "nsv/margin_ratio", "nsv/cosine_wbar_v", "nsv/kkt_residual"} <= set(tags)

@@ -11,7 +11,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
-from lightning_nsv.models.skip import SkipNetwork, _eval_mode
+from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.valley import (
     Assumption31Checks,
     LossSurface,
@@ -172,7 +173,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
                         for x, t, *_ in loader)
             return float(total) / n
 
-        with _eval_mode(pl_module):
+        with eval_mode(pl_module):
             return loss_surface_2d(loss, list(pl_module.parameters()), self.surface_span, self.surface_points,
                                    self.seed)
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_nsv.extract import PathPart, find_path_part
+from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.path_space import forward_with_slopes
 from lightning_nsv.support_vectors import (
     KERNEL_MODES,
@@ -162,7 +163,7 @@ class NetworkSupportVectors(Callback):
         if self.zero_error_epoch is not None or trainer.fast_dev_run:
             return
         dataset = self._train_dataset(trainer)
-        with _eval_mode(pl_module), torch.no_grad():
+        with eval_mode(pl_module), torch.no_grad():
             errors = self._errors(dataset, list(range(len(dataset))), self._path.path_network(), pl_module,
                                   stop_early=False)
         rank_zero_warn(
@@ -196,7 +197,7 @@ class NetworkSupportVectors(Callback):
     def _check_head_is_output(self, pl_module: pl.LightningModule, batch: Any) -> None:
         x, y = _split_batch(batch)
         signed_labels(y)
-        with _eval_mode(pl_module), torch.no_grad():
+        with eval_mode(pl_module), torch.no_grad():
             x = x[:8]
             output = pl_module(x).reshape(len(x), -1)
             head = _head_forward(self._path, x)
@@ -232,7 +233,7 @@ class NetworkSupportVectors(Callback):
     def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dataset = self._train_dataset(trainer)
         net = self._path.path_network()
-        with _eval_mode(pl_module), torch.no_grad():
+        with eval_mode(pl_module), torch.no_grad():
             reached = self._zero_error(dataset, net, pl_module, trainer.current_epoch)
         reached = trainer.strategy.reduce_boolean_decision(reached, all=True)
         if not reached:
@@ -294,7 +295,7 @@ class NetworkSupportVectors(Callback):
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
-        with _eval_mode(pl_module), torch.no_grad():
+        with eval_mode(pl_module), torch.no_grad():
             parts = [(self._path.embed(x.to(pl_module.device)).cpu(), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
@@ -385,18 +386,3 @@ def _collate(items: list) -> tuple[Tensor, Tensor]:
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:
     return forward_with_slopes(path.path_network(), path.embed(x).cpu())[0]
-
-
-class _eval_mode:
-    """Put a module in eval mode and restore the previous mode of every submodule."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-
-    def __enter__(self) -> None:
-        self.modes = {m: m.training for m in self.module.modules()}
-        self.module.eval()
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, mode in self.modes.items():
-            m.train(mode)

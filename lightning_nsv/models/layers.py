@@ -1,7 +1,8 @@
 """Building blocks shared by the package's networks."""
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -70,3 +71,15 @@ def mlp_sequential(
         fan_in = width
     layers.append(nn.Linear(fan_in, out_features, bias=bias))
     return nn.Sequential(*layers)
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Put ``module`` in eval mode and restore the mode of every submodule afterwards."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training

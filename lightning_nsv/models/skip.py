@@ -1,7 +1,6 @@
 """Skip-to-output networks (Nguyen, Mukkamala & Hein, ICLR 2019) built from an ``nn.Sequential``."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from typing import Any, Iterator, Mapping, Sequence
@@ -11,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_nsv.models.layers import LeakyReLUFamily, mlp_sequential
+from lightning_nsv.models.layers import LeakyReLUFamily, eval_mode, mlp_sequential
 
 MODES = ("original", "skip_sgd", "skip_rand")
 OPTIMIZERS = ("sgd", "adam", "lbfgs")
@@ -45,17 +44,6 @@ def _unit_table(pos: int, shape: tuple[int, int, int], flat: Tensor) -> Tensor:
     """Rows ``(layer, channel, h, w)`` of the units with flat indices ``flat`` in a layer of ``shape``."""
     _, h, w = shape
     return torch.stack([torch.full_like(flat, pos), flat // (h * w), flat // w % h, flat % w], dim=1)
-
-
-@contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[None]:
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 def _input_batches(data: Any, batch_size: int) -> Iterator[Tensor]:
@@ -236,7 +224,7 @@ class SkipNetwork(pl.LightningModule):
             raise ValueError(f"`hidden_layers` must be positions in 0..{last - 1} (below the last hidden layer at "
                              f"{last}) of the flattened modules, got {list(hidden_layers or ())}")
         shapes, x = {}, torch.zeros(1, *self.input_shape)
-        with torch.no_grad(), _eval_mode(self.trunk):
+        with torch.no_grad(), eval_mode(self.trunk):
             for i, module in enumerate(self.trunk):
                 x = module(x)
                 if i in lower or i == last:
