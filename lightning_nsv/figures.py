@@ -85,8 +85,9 @@ def decision_grid(
     ys = np.linspace(extent[2], extent[3], resolution)
     grid_x, grid_y = np.meshgrid(xs, ys)
     points = torch.from_numpy(np.stack([grid_x.ravel(), grid_y.ravel()], 1))
-    network = forward_with_slopes(net, points)[0].numpy().reshape(grid_x.shape)
-    svm = max_margin_decision(net, x_support, y_support, alpha_support, points, intercept).numpy()
+    outputs, slopes = forward_with_slopes(net, points)
+    network = outputs.numpy().reshape(grid_x.shape)
+    svm = max_margin_decision(net, x_support, y_support, alpha_support, points, intercept, slopes_x=slopes).numpy()
     return GridDecisions(xs, ys, network, svm.reshape(grid_x.shape))
 
 

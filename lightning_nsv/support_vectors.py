@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -67,6 +68,8 @@ def max_margin_decision(
     x: Tensor,
     intercept: float = 0.0,
     block_size: int | None = None,
+    slopes_support: Sequence[Tensor] | None = None,
+    slopes_x: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """Decision function of the max-margin classifier, ``f(x) = Σ_i α_i y_i K(x, x_i) + b`` over support vectors.
 
@@ -78,6 +81,7 @@ def max_margin_decision(
             and dual coefficients (``svm.alpha_[svm.support_]``).
         x: query points, ``(n, f)`` path-space inputs.
         intercept: ``svm.intercept_``.
+        slopes_support, slopes_x: the slopes of both sets, when known (otherwise computed).
     """
     if not len(x_support) == len(y_support) == len(alpha_support):
         raise ValueError(
@@ -86,8 +90,10 @@ def max_margin_decision(
         )
     x_support = x_support.to(net.dtype).reshape(len(x_support), -1)
     x = x.to(net.dtype).reshape(len(x), -1)
-    _, slopes_support = forward_with_slopes(net, x_support)
-    _, slopes_x = forward_with_slopes(net, x)
+    if slopes_support is None:
+        slopes_support = forward_with_slopes(net, x_support)[1]
+    if slopes_x is None:
+        slopes_x = forward_with_slopes(net, x)[1]
     kernel = path_kernel(x, slopes_x, x_support, slopes_support, bias=net.biases is not None, block_size=block_size)
     coef = torch.as_tensor(np.asarray(alpha_support), dtype=net.dtype) * signed_labels(y_support).to(net.dtype)
     return kernel @ coef + intercept
@@ -260,15 +266,16 @@ def network_support_vectors(
         signs=path_signs(net),
     )
     if x_val is not None:
-        analysis.update(_validation(net, x_train, y, svm, x_val, y_val, block_size))
+        analysis.update(_validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size))
     return SupportVectorAnalysis(**analysis)
 
 
-def _validation(net, x_train, y, svm, x_val, y_val, block_size) -> dict:
+def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size) -> dict:
     val_outputs, slopes_val = forward_with_slopes(net, x_val)
     sv = torch.from_numpy(svm.support_)
     decision = max_margin_decision(net, x_train[sv], y[sv], svm.alpha_[svm.support_], x_val, svm.intercept_,
-                                   block_size=block_size)
+                                   block_size=block_size, slopes_support=[s[sv] for s in slopes_train],
+                                   slopes_x=slopes_val)
     svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
     net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to(torch.float64)
     result = {

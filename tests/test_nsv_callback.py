@@ -252,3 +252,18 @@ def test_two_dimensional_inputs_get_boundary_and_weight_figures(tmp_path):
     events = EventAccumulator(run.logger.log_dir, size_guidance={"images": 0}).Reload()
     assert {"nsv/decision_boundaries", "nsv/path_weights"} <= set(events.Tags()["images"])
     assert "nsv/support_vectors" not in events.Tags()["images"]
+
+
+def test_callback_passes_over_the_data_leave_the_global_rng_alone():
+    from lightning_nsv.extract import find_path_part
+
+    model = LeakyReLUMLP(widths=[4])
+    data = DigitsDataModule(m=100)
+    data.setup("fit")
+    callback = NetworkSupportVectors()
+    callback._path = find_path_part(model)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    x, y = callback._embed_all(data.train_dataset, model)
+    assert x.shape == (100, 64) and torch.equal(torch.rand(3), expected)

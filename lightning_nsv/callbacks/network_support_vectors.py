@@ -201,7 +201,7 @@ class NetworkSupportVectors(Callback):
             x = x[:8]
             output = pl_module(x).reshape(len(x), -1)
             head = _head_forward(self._path, x)
-        if output.shape[1] != 1 or not torch.allclose(output[:, 0].double(), head, rtol=1e-4, atol=1e-5):
+        if output.shape[1] != 1 or not torch.allclose(output[:, 0].double().cpu(), head, rtol=1e-4, atol=1e-5):
             raise ValueError(
                 f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
                 "the support-vector analysis reads that head, so the module must return it unchanged "
@@ -294,7 +294,8 @@ class NetworkSupportVectors(Callback):
         return analysis.to_metrics()
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
-        loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+        # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
+        loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, generator=torch.Generator())
         with eval_mode(pl_module), torch.no_grad():
             parts = [(self._path.embed(x.to(pl_module.device)).cpu(), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

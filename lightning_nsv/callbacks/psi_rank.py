@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
@@ -29,7 +30,8 @@ def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -
             f"{type(callback).__name__} needs the training set as one DataLoader (or a datamodule's "
             f"train_dataloader), got {type(loader).__name__}"
         )
-    return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False)
+    # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
+    return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
 
 
 def _add_figure(trainer: pl.Trainer, tag: str, fig: Any) -> None:
