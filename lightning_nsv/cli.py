@@ -3,11 +3,18 @@
 Example::
 
     lightning-nsv fit --config examples/configs/digits_mlp.yaml
+    lightning-nsv fit --model LeakyReLUMLP --data DigitsDataModule --trainer.callbacks+=NetworkSupportVectors
+
+The package's modules, data modules and callbacks are imported here so that their short names resolve.
 """
 from __future__ import annotations
 
 from pytorch_lightning import LightningDataModule, LightningModule
 from pytorch_lightning.cli import LightningCLI
+
+import lightning_nsv.callbacks  # noqa: F401
+import lightning_nsv.datamodules  # noqa: F401
+import lightning_nsv.models  # noqa: F401
 
 
 def main(args: list[str] | None = None) -> None:

@@ -48,3 +48,19 @@ def test_skip_network_config_trains_with_the_valley_callbacks(tmp_path):
     values = EventAccumulator(str(version)).Reload()
     assert [e.value for e in values.Scalars("psi/num_samples")][-1] == 60
     assert [e.value for e in values.Scalars("psi/num_units")][-1] == 64 + 60
+
+
+def test_short_class_names_resolve_in_a_fresh_interpreter(tmp_path):
+    import subprocess
+    import sys
+
+    args = ["fit", "--model=LeakyReLUMLP", "--model.widths=[8]", "--data=DigitsDataModule", "--data.m=50",
+            "--trainer.callbacks+=NetworkSupportVectors", "--trainer.fast_dev_run=true",
+            f"--trainer.default_root_dir={tmp_path}", "--print_config"]
+    done = subprocess.run([sys.executable, "-c", f"from lightning_nsv.cli import main; main({args!r})"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = yaml.safe_load(done.stdout)
+    assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"
+    assert config["data"]["class_path"] .endswith("DigitsDataModule")
+    assert config["trainer"]["callbacks"][0]["class_path"].endswith("NetworkSupportVectors")
