@@ -234,14 +234,14 @@ class NetworkSupportVectors(Callback):
         dataset = self._train_dataset(trainer)
         net = self._path.path_network()
         with eval_mode(pl_module), torch.no_grad():
-            reached = self._zero_error(dataset, net, pl_module, trainer.current_epoch)
-        reached = trainer.strategy.reduce_boolean_decision(reached, all=True)
+            embedded = self._zero_error(dataset, net, pl_module, trainer.current_epoch)
+        reached = trainer.strategy.reduce_boolean_decision(embedded is not None, all=True)
         if not reached:
             return
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
         if trainer.is_global_zero:
-            metrics = self._analyse(trainer, pl_module, dataset, net, directory)
+            metrics = self._analyse(trainer, pl_module, dataset, embedded, net, directory)
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = trainer.current_epoch
@@ -252,31 +252,43 @@ class NetworkSupportVectors(Callback):
         if self.stop_on_zero_error:
             trainer.should_stop = True
 
-    def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True) -> list[int]:
+    def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
+                keep: list | None = None) -> list[int]:
+        """Indices whose ``y·N(x) <= 0``; ``keep`` collects the ``(embedding, label)`` batches."""
         wrong = []
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _collate([dataset[i] for i in chunk])
-            outputs, _ = forward_with_slopes(net, self._path.embed(x.to(pl_module.device)).cpu())
+            embedded = self._path.embed(x.to(pl_module.device)).cpu()
+            if keep is not None:
+                keep.append((embedded, y))
+            outputs, _ = forward_with_slopes(net, embedded)
             bad = signed_labels(y) * outputs <= 0
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
             if wrong and stop_early:
                 break
         return wrong
 
-    def _zero_error(self, dataset: Dataset, net, pl_module, epoch: int) -> bool:
+    def _zero_error(self, dataset: Dataset, net, pl_module, epoch: int) -> tuple[Tensor, Tensor] | None:
+        """The embedded training set if every sample has ``y·N(x) > 0``, else None."""
         n = len(dataset)
         generator = torch.Generator().manual_seed(self.seed + epoch)
         probe = torch.randperm(n, generator=generator)[: self.probe_size].tolist()
-        for indices in (self._hard, probe, list(range(n))):
+        for indices in (self._hard, probe):
             wrong = self._errors(dataset, indices, net, pl_module) if indices else []
             if wrong:
                 self._hard = wrong
-                return False
-        return True
+                return None
+        batches: list[tuple[Tensor, Tensor]] = []
+        wrong = self._errors(dataset, list(range(n)), net, pl_module, keep=batches)
+        if wrong:
+            self._hard = wrong
+            return None
+        return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
 
-    def _analyse(self, trainer, pl_module, dataset, net, directory: Path) -> dict[str, float]:
-        x_train, y_train = self._embed_all(dataset, pl_module)
+    def _analyse(self, trainer, pl_module, dataset, embedded: tuple[Tensor, Tensor], net,
+                 directory: Path) -> dict[str, float]:
+        x_train, y_train = embedded
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
         analysis = network_support_vectors(
