@@ -64,3 +64,14 @@ def test_short_class_names_resolve_in_a_fresh_interpreter(tmp_path):
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"
     assert config["data"]["class_path"] .endswith("DigitsDataModule")
     assert config["trainer"]["callbacks"][0]["class_path"].endswith("NetworkSupportVectors")
+
+
+def test_distribution_declares_the_console_script_and_dependencies():
+    from importlib.metadata import distribution
+
+    dist = distribution("lightning-nsv")
+    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    assert scripts["lightning-nsv"] == "lightning_nsv.cli:main"
+    required = {r.split(">")[0].split("[")[0].strip().lower() for r in dist.requires if "extra ==" not in r}
+    assert {"pytorch-lightning", "torch", "torchvision", "scikit-learn", "torchmetrics", "tensorboard",
+            "matplotlib"} <= required
