@@ -171,7 +171,8 @@ def path_kernel(
 
     Without biases ``K = (X_a X_bᵀ) ∘ Π_l (S_a,l S_b,lᵀ)``; with biases the paths seeded at each layer add
     ``1 + Σ_k Π_{l>=k} G_l`` (DESIGN.md §1). Computed in blocks of rows of ``x_a``: cost
-    ``O(n_a·n_b·(f + Σ Ω_l))`` time, ``O(n_a·n_b)`` memory for the result plus one block of Gram matrices.
+    ``O(n_a·n_b·(f + Σ Ω_l))`` time (half of it for the kernel of one set, whose upper blocks are mirrored),
+    ``O(n_a·n_b)`` memory for the result plus one block of Gram matrices.
 
     Args:
         x_a: inputs of path space, ``(n_a, f)`` (flattened embeddings for CNN+FC networks).
@@ -183,7 +184,8 @@ def path_kernel(
     Returns:
         ``(n_a, n_b)`` tensor in the dtype of ``x_a``.
     """
-    if x_b is None:
+    symmetric = x_b is None
+    if symmetric:
         x_b, slopes_b = x_a, slopes_a
     if slopes_b is None or len(slopes_a) != len(slopes_b):
         raise ValueError("slopes_a and slopes_b must list the same number of layers")
@@ -198,7 +200,11 @@ def path_kernel(
     slopes_b = [s.to(x_a.dtype) for s in slopes_b]
     for start in range(0, n_a, block_size):
         rows = slice(start, start + block_size)
-        kernel[rows] = _kernel_block(x_a[rows], [s[rows] for s in slopes_a], x_b, slopes_b, bias)
+        cols = slice(start if symmetric else 0, n_b)  # symmetric: the upper blocks, mirrored below
+        kernel[rows, cols] = _kernel_block(x_a[rows], [s[rows] for s in slopes_a], x_b[cols],
+                                           [s[cols] for s in slopes_b], bias)
+        if symmetric:
+            kernel[start + block_size:, rows] = kernel[rows, start + block_size:].T
     return kernel
 
 

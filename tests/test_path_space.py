@@ -63,6 +63,9 @@ def test_cross_kernel_blockwise_equals_materialised(bias):
     expected = materialise_phi(net, x_a) @ materialise_phi(net, x_b).T
     for block_size in (1, 2, None):
         assert relative(path_kernel(x_a, s_a, x_b, s_b, bias=bias, block_size=block_size), expected) < 1e-10
+    own = materialise_phi(net, x_b) @ materialise_phi(net, x_b).T
+    for block_size in (1, 2, 4, None):  # the kernel of one set mirrors its upper blocks
+        assert relative(path_kernel(x_b, s_b, bias=bias, block_size=block_size), own) < 1e-10
 
 
 @pytest.mark.parametrize("beta", BETAS)
