@@ -13,7 +13,7 @@ from functools import partial
 from cnn_fc_depth import parser_for
 
 from lightning_nsv.experiments import cnn_point, parse, sweep_and_report
-from lightning_nsv.figures import agreement_counts, plot_agreement
+from lightning_nsv.plotting import agreement_counts, plot_agreement
 
 NAME = "agreement_table"
 TABLE = {"fc_depth": "FC depth", "reached": "trials at zero error", "val_error_network": "val error network",

@@ -15,7 +15,7 @@ from functools import partial
 from sv_vs_depth import parser_for
 
 from lightning_nsv.experiments import mlp_point, parse, read_csv, run_sweep, summarise, write_results
-from lightning_nsv.figures import plot_sweep
+from lightning_nsv.plotting import plot_sweep
 
 NAME = "bound_vs_depth"
 TABLE = {"depth": "depth d", "reached": "trials at zero error", "n_support": "s", "support_fraction": "s/m",

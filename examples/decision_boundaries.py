@@ -19,7 +19,7 @@ from lightning_nsv.experiments import (
     sweep_and_report,
 )
 from lightning_nsv.extract import find_path_part
-from lightning_nsv.figures import data_extent, decision_grid, plot_decision_boundaries, plt
+from lightning_nsv.plotting import data_extent, decision_grid, plot_decision_boundaries, plt
 
 NAME = "decision_boundaries"
 NOISE = {"blobs": 0.5, "moons": 0.1, "circles": 0.05, "xor": 0.0, "spirals": 0.02}

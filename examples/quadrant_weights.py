@@ -21,7 +21,7 @@ from lightning_nsv.experiments import (
     sweep_and_report,
 )
 from lightning_nsv.extract import find_path_part
-from lightning_nsv.figures import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
+from lightning_nsv.plotting import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
 
 NAME = "quadrant_weights"
 TABLE = {"init_std": "init std", "reached": "trials at zero error", "path_positive_count_fraction": "paths w̄ > 0",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import partial
 
 from lightning_nsv.experiments import example_parser, mlp_point, parse, sweep_and_report
-from lightning_nsv.figures import plot_sweep, plt
+from lightning_nsv.plotting import plot_sweep, plt
 
 NAME = "random_labels"
 M_VALUES = {"digits": [100, 200, 400, 800], "mnist": [1000, 2000, 5000, 10000]}

@@ -31,13 +31,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
+from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import CIFAR10_CLASSES
 from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, write_csv
 from lightning_nsv.models.skip import MODES, SkipNetwork
@@ -47,7 +45,7 @@ COLUMNS = {"mode": "mode", "optimizer": "optimizer", "N": "N", "M": "M", "psi_ra
            "lemma21": "Lemma 2.1", "seconds": "s"}
 
 
-class _LossHistory(Callback):
+class _LossHistory(pl.Callback):
     """The epoch-mean training loss, for the figure."""
 
     def __init__(self) -> None:
@@ -86,7 +84,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> tuple[dict[str, Any], list[
                  LossValleyMonitor(every_n_epochs=args.check_every, surface_points=args.surface_points,
                                    seed=args.seed)]
     trainer = pl.Trainer(
-        max_epochs=args.epochs, logger=TensorBoardLogger(args.out, name="tensorboard", version=mode),
+        max_epochs=args.epochs, logger=pl.loggers.TensorBoardLogger(args.out, name="tensorboard", version=mode),
         callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         check_val_every_n_epoch=args.check_every, num_sanity_val_steps=0, log_every_n_steps=1,
         accelerator="cpu", deterministic=True,

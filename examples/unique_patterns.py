@@ -15,7 +15,7 @@ from functools import partial
 from sv_vs_m import parse_m_sweep
 
 from lightning_nsv.experiments import mlp_point, sweep_and_report
-from lightning_nsv.figures import plot_unique_patterns
+from lightning_nsv.plotting import plot_unique_patterns
 
 NAME = "unique_patterns"
 TABLE = {"m": "m", "reached": "trials at zero error", "unique_patterns_train": "patterns (train)",

@@ -9,17 +9,15 @@ The package's modules, data modules and callbacks are imported here so that thei
 """
 from __future__ import annotations
 
-from pytorch_lightning import LightningDataModule, LightningModule
-from pytorch_lightning.cli import LightningCLI
-
 import lightning_nsv.callbacks  # noqa: F401
 import lightning_nsv.datamodules  # noqa: F401
 import lightning_nsv.models  # noqa: F401
+from lightning_nsv.compat import LightningDataModule, LightningModule, submodule
 
 
 def main(args: list[str] | None = None) -> None:
     """Run the command line; ``args`` replaces ``sys.argv[1:]`` (for tests)."""
-    LightningCLI(
+    submodule("cli").LightningCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,

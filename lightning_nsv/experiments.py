@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import (
     BinaryMNISTDataModule,
     CIFAR10FrogsShipsDataModule,
@@ -188,7 +187,8 @@ def run_trial(
     pl.seed_everything(seed, workers=True, verbose=False)
     model = make()
     version = "-".join([*(f"{k}={v}" for k, v in params.items()), f"seed={seed}"])
-    logger = TensorBoardLogger(str(out), name="tensorboard", version=version, default_hp_metric=False)
+    logger = submodule("loggers").TensorBoardLogger(str(out), name="tensorboard", version=version,
+                                                    default_hp_metric=False)
     callback = NetworkSupportVectors(every_n_epochs=check_every, seed=seed, **(callback_kwargs or {}))
     trainer = pl.Trainer(
         max_epochs=max_epochs, logger=logger, callbacks=[callback], accelerator="auto", devices=1,
@@ -380,9 +380,9 @@ def report_sweep(
     logx: bool = False,
     title: str | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`sweep_and_report` over one parameter ``key``, plotted by :func:`~lightning_nsv.figures.plot_sweep`
+    """:func:`sweep_and_report` over one parameter ``key``, plotted by :func:`~lightning_nsv.plotting.plot_sweep`
     (``series`` maps summary metrics to legend labels)."""
-    from lightning_nsv.figures import plot_sweep
+    from lightning_nsv.plotting import plot_sweep
 
     def figure(summary: list[dict[str, Any]]) -> Any:
         return plot_sweep(summary, key, series, xlabel=xlabel, ylabel=ylabel, logx=logx, title=title)[0]

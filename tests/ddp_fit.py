@@ -2,9 +2,9 @@
 import json
 import sys
 
-import pytorch_lightning as pl
 
 from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.models import LeakyReLUMLP
 

@@ -5,12 +5,13 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_nsv.cli import main
+from lightning_nsv.compat import PACKAGE
 
 CONFIG = Path(__file__).parents[1] / "examples" / "configs" / "digits_mlp.yaml"
 
 
 def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog):
-    report_logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")  # where rank_zero_info writes
+    report_logger = logging.getLogger(f"{PACKAGE}.utilities.rank_zero")  # where rank_zero_info writes
     report_logger.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger=report_logger.name):

@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
 from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.models.conv_fc import ConvFCNet
@@ -100,7 +100,7 @@ def test_callback_runs_on_conv_fc_end_to_end(tmp_path):
 
 
 def test_digits_cnn_config_builds_model_and_data():
-    from pytorch_lightning.cli import LightningCLI
+    LightningCLI = submodule("cli").LightningCLI
 
     cli = LightningCLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True,
                        subclass_mode_data=True, run=False, save_config_callback=None,

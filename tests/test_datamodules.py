@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 from sklearn.datasets import load_digits, make_blobs, make_circles, make_moons
 from torchvision.datasets import CIFAR10
 
+from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import (
     TOY_SETS,
     BinaryMNISTDataModule,
@@ -277,7 +277,7 @@ class _Linear(pl.LightningModule):
 
 
 def test_lightning_cli_and_trainer():
-    from pytorch_lightning.cli import LightningCLI
+    LightningCLI = submodule("cli").LightningCLI
 
     args = ["--data=CIFAR10FrogsShipsDataModule", "--data.root=data", "--data.classes=[cat,dog]", "--data.m=7"]
     cli = LightningCLI(_Linear, ClassificationDataModule, subclass_mode_data=True, run=False, args=args,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.figures import (
+from lightning_nsv.plotting import (
     agreement_counts,
     data_extent,
     decision_grid,

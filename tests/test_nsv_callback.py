@@ -3,14 +3,13 @@ import warnings
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from lightning_nsv.callbacks import NetworkSupportVectors
+from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.extract import UnsupportedNetworkError
 from lightning_nsv.models import LeakyReLUMLP
@@ -46,7 +45,7 @@ def trainer(tmp_path, callback, max_epochs=60, logger=True, **kwargs):
     return pl.Trainer(
         max_epochs=max_epochs,
         callbacks=[callback],
-        logger=TensorBoardLogger(tmp_path, name="tb") if logger else False,
+        logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb") if logger else False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=kwargs.pop("enable_checkpointing", False),

@@ -2,11 +2,11 @@
 import copy
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import mlp_sequential
 from lightning_nsv.models.skip import SkipNetwork, activation_name
 

@@ -2,15 +2,14 @@
 import re
 
 import pytest
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
+from lightning_nsv.compat import pl
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.valley import psi_spectrum
 
@@ -35,9 +34,9 @@ def _model(activation="softplus", skip=16, mode="skip_sgd"):
 
 def _fit(model, callbacks, tmp_path=None, max_epochs=1, figures=None, **kwargs):
     x, y = _data()
-    logger = TensorBoardLogger(tmp_path, name="tb") if tmp_path is not None else False
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb") if tmp_path is not None else False
     if figures is not None:
-        logger.experiment.add_figure = lambda tag, fig, global_step=None: figures.append(tag)
+        logger.experiment.add_figure = lambda tag, fig, global_step=None, close=True: figures.append(tag)
     trainer = pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, **kwargs)
     trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))

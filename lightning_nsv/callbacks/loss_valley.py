@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
+from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.valley import (
@@ -66,7 +65,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     - ``valley/assumption31_analytic_increasing``, ``valley/assumption31_skip_activation``,
       ``valley/assumption31_m_ge_n``, ``valley/assumption31_num_duplicates``, ``valley/assumption31_satisfied``.
 
-    Figures (TensorBoardLogger only): ``valley/escape_path`` and ``valley/loss_surface``.
+    Figures (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``valley/escape_path`` and ``valley/loss_surface``.
 
     Args:
         every_n_epochs: Run after every n-th training epoch.

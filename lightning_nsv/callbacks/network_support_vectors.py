@@ -5,14 +5,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.loggers import TensorBoardLogger
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_nsv.callbacks.sinks import FigureSink
+from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.path_space import forward_with_slopes
@@ -301,8 +299,9 @@ class NetworkSupportVectors(Callback):
             + analysis.report()
         )
         self._save(trainer, directory, analysis, y_train, net)
-        self._log_figures(trainer, dataset, analysis)
-        self._log_path_figures(trainer, net, x_train, y_train, analysis)
+        sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
+        self._log_figures(trainer, dataset, analysis, sink)
+        self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
         return analysis.to_metrics()
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
@@ -342,54 +341,35 @@ class NetworkSupportVectors(Callback):
         summary.update(epoch=trainer.current_epoch, m=analysis.m, report=analysis.report())
         (directory / f"{stem}.json").write_text(json.dumps(summary, indent=2))
 
-    def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis) -> None:
-        loggers = _tensorboards(trainer)
-        if not loggers:
-            return
+    def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         from lightning_nsv.plotting import alpha_histogram, image_grid
 
         support = analysis.svm.support_
         alpha = analysis.svm.alpha_[support]
-        for logger in loggers:
-            experiment = logger.experiment
-            experiment.add_histogram("nsv/alpha", alpha, trainer.global_step)
-            experiment.add_figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], trainer.global_step)
-            order = support[alpha.argsort()[::-1][: self.max_images]]
-            if not len(order):
-                continue
-            images, labels = _collate([dataset[int(i)] for i in order])
-            if images.dim() == 4:
-                titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
-                figure, _ = image_grid(images, titles)
-                experiment.add_figure("nsv/support_vectors", figure, trainer.global_step)
-
+        step = trainer.global_step
+        sink.histogram("nsv/alpha", alpha, step)
+        sink.figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], step)
+        order = support[alpha.argsort()[::-1][: self.max_images]]
+        if not len(order):
+            return
+        images, labels = _collate([dataset[int(i)] for i in order])
+        if images.dim() == 4:
+            titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
+            sink.figure("nsv/support_vectors", image_grid(images, titles)[0], step)
 
     def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
-                          analysis: SupportVectorAnalysis) -> None:
+                          analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         """Decision boundaries of network and SVM for 2-D inputs; the signed weights of small networks."""
-        loggers = _tensorboards(trainer)
-        if not loggers:
-            return
-        import matplotlib.pyplot as plt
+        from lightning_nsv.plotting import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
 
-        from lightning_nsv.figures import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
-
-        figures = {}
         if x_train.shape[1] == 2:
             svm, sv = analysis.svm, analysis.svm.support_
             grid = decision_grid(net, x_train[sv], y_train[sv], svm.alpha_[sv], svm.intercept_,
                                  extent=data_extent(x_train), resolution=150)
-            figures["nsv/decision_boundaries"] = plot_decision_boundaries(grid, x_train, y_train, sv)[0]
+            sink.figure("nsv/decision_boundaries", plot_decision_boundaries(grid, x_train, y_train, sv)[0],
+                        trainer.global_step)
         if sum(w.numel() for w in net.weights) <= 400:
-            figures["nsv/path_weights"] = plot_path_weights(net, analysis.signs)[0]
-        for logger in loggers:
-            for tag, figure in figures.items():
-                logger.experiment.add_figure(tag, figure, trainer.global_step, close=False)
-        for figure in figures.values():
-            plt.close(figure)
-
-def _tensorboards(trainer: pl.Trainer) -> list[TensorBoardLogger]:
-    return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+            sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
 
 
 def _collate(items: list) -> tuple[Tensor, Tensor]:

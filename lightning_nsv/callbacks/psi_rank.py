@@ -1,14 +1,14 @@
 """Rank of Ψ, the skip units' outputs on the training set, during training."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
+from lightning_nsv.callbacks.sinks import FigureSink
+from lightning_nsv.compat import Callback, pl
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.valley import check_streaming_memory, psi_spectrum_streaming
 
@@ -34,10 +34,9 @@ def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -
     return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
 
 
-def _add_figure(trainer: pl.Trainer, tag: str, fig: Any) -> None:
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_figure(tag, fig, global_step=trainer.global_step)
+def figure_directory(trainer: pl.Trainer) -> Path:
+    """``<log_dir>/figures``; ``Trainer.log_dir`` is a collective, so every rank asks for it."""
+    return Path(trainer.log_dir or trainer.default_root_dir) / "figures"
 
 
 class _SkipNetworkMonitor(Callback):
@@ -74,15 +73,17 @@ class _SkipNetworkMonitor(Callback):
         raise NotImplementedError
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
+        directory = figure_directory(trainer)
         results = self._compute(trainer, pl_module) if trainer.is_global_zero else None
         metrics = None if results is None else {k: v for r in results.values() for k, v in r.to_metrics().items()}
         metrics = trainer.strategy.broadcast(metrics, src=0)
         for key, value in metrics.items():
             pl_module.log(self.prefix + key, value, on_step=False, on_epoch=True)
         if results is not None and self.log_figure:
+            sink = FigureSink(trainer.loggers, directory, type(self).__name__)
             for name in self._figures:
                 if name in results:
-                    _add_figure(trainer, self.prefix + name, results[name].plot()[0])
+                    sink.figure(self.prefix + name, results[name].plot()[0], trainer.global_step)
         self.last_epoch, self.last_metrics = trainer.current_epoch, dict(metrics)
 
     def state_dict(self) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     - ``psi/num_units``: M.
     - ``psi/full_rank``: 1.0 if rank = N, else 0.0.
 
-    Figure (TensorBoardLogger only): ``psi/spectrum``, the singular values on a log scale with the tolerance.
+    Figure (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``psi/spectrum``, the singular values on a log scale with the tolerance.
 
     Args:
         every_n_epochs: Run after every n-th training epoch.

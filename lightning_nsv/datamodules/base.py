@@ -4,11 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import VisionDataset
+
+from lightning_nsv.compat import pl
 
 TASKS = ("binary", "multiclass")
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import mlp_sequential
 
 OPTIMIZERS = ("sgd", "adam")

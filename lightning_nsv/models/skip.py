@@ -5,11 +5,11 @@ import copy
 import math
 from typing import Any, Iterator, Mapping, Sequence
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import LeakyReLUFamily, eval_mode, mlp_sequential
 
 MODES = ("original", "skip_sgd", "skip_rand")
