@@ -38,7 +38,7 @@ class PathNetwork:
     """The fully connected Leaky-ReLU-family part of a network, in the dtype of the analysis.
 
     Attributes:
-        weights: ``A_0 (Ω_1×f), A_1, …, A_d (1×Ω_d)``.
+        weights: ``A_0 (Ω_1×f), A_1, …, A_d (K×Ω_d)``, ``K >= 1`` output units (``K = 1``: binary).
         biases: ``b_1, …, b_d, b_{d+1}`` or ``None`` for a network without biases.
         betas: negative-side slope of each hidden layer (``d`` values).
         gammas: positive-side slope of each hidden layer.
@@ -64,8 +64,8 @@ class PathNetwork:
                     f"weights[{k}] has shape {tuple(self.weights[k].shape)} but weights[{k - 1}] has "
                     f"{self.weights[k - 1].shape[0]} outputs"
                 )
-        if self.weights[-1].shape[0] != 1:
-            raise ValueError(f"the output layer must have 1 unit, got {self.weights[-1].shape[0]}")
+        if self.weights[-1].shape[0] < 1:
+            raise ValueError("the output layer must have at least 1 unit, got 0")
         if self.biases is not None and [b.shape[0] for b in self.biases] != [w.shape[0] for w in self.weights]:
             raise ValueError(
                 f"bias sizes {[b.shape[0] for b in self.biases]} do not match layer widths "
@@ -100,6 +100,11 @@ class PathNetwork:
         return self.weights[0].shape[1]
 
     @property
+    def num_outputs(self) -> int:
+        """Output units ``K`` (1 for a binary network)."""
+        return self.weights[-1].shape[0]
+
+    @property
     def hidden_widths(self) -> tuple[int, ...]:
         return tuple(w.shape[0] for w in self.weights[:-1])
 
@@ -114,7 +119,8 @@ class PathNetwork:
 
 
 def forward_with_slopes(net: PathNetwork, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-    """Network output ``N(x)`` (shape ``(n,)``) and the slopes ``sigma_l(x)`` of each hidden layer."""
+    """Network output ``N(x)`` (shape ``(n,)`` for one output unit, ``(n, K)`` for ``K > 1``) and the slopes
+    ``sigma_l(x)`` of each hidden layer."""
     h = x.to(net.dtype).reshape(x.shape[0], -1)
     if h.shape[1] != net.in_features:
         raise ValueError(f"inputs have {h.shape[1]} features, the path network expects {net.in_features}")
@@ -129,7 +135,7 @@ def forward_with_slopes(net: PathNetwork, x: Tensor) -> tuple[Tensor, list[Tenso
     out = h @ net.weights[-1].T
     if net.biases is not None:
         out = out + net.biases[-1]
-    return out[:, 0], layer_slopes
+    return (out[:, 0] if net.num_outputs == 1 else out), layer_slopes
 
 
 def _combine(input_gram: Tensor, grams: Sequence[Tensor], bias: bool) -> Tensor:
@@ -210,6 +216,8 @@ def path_kernel(
 
 def path_norm_squared(net: PathNetwork) -> float:
     """``||wbar||²``: the squared weights multiplied along every path, summed (a forward pass of ones)."""
+    if net.num_outputs != 1:
+        raise ValueError(f"path_norm_squared needs 1 output unit, got {net.num_outputs}: use multiclass.output_gram")
     mass = torch.ones(net.in_features, dtype=net.dtype)
     for k, a in enumerate(net.weights):
         mass = (a * a) @ mass
@@ -253,6 +261,9 @@ def path_signs(net: PathNetwork) -> PathSigns:
     ``P' = A⁺P + A⁻N``, ``N' = A⁺N + A⁻P`` (``A⁺``, ``A⁻`` the positive and negative parts of ``A``);
     counts use the indicators ``[A > 0]``, ``[A < 0]``. Counts are exact up to ``2**53`` paths.
     """
+    if net.num_outputs != 1:
+        raise ValueError(f"path_signs needs 1 output unit, got {net.num_outputs}")
+
     def propagate(pos_part, neg_part, pos_bias, neg_bias):
         pos = torch.ones(net.in_features, dtype=net.dtype)
         neg = torch.zeros_like(pos)
