@@ -10,7 +10,7 @@ from lightning_nsv.compat import PACKAGE
 CONFIG = Path(__file__).parents[1] / "examples" / "configs" / "digits_mlp.yaml"
 
 
-def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog):
+def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog, capsys):
     report_logger = logging.getLogger(f"{PACKAGE}.utilities.rank_zero")  # where rank_zero_info writes
     report_logger.addHandler(caplog.handler)
     try:
@@ -24,7 +24,9 @@ def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog):
     version = next((tmp_path / "tensorboard").glob("version_*"))
     tags = EventAccumulator(str(version)).Reload().Tags()["scalars"]
     assert {"nsv/n_support", "nsv/margin_ratio", "nsv/cosine_wbar_v", "nsv/kkt_residual"} <= set(tags)
-    assert "network support vectors:" in caplog.text and "of m=400" in caplog.text
+    printed = capsys.readouterr().out  # the progress bar is on: the report goes through it, on lines of its own
+    assert "\nnetwork support vectors:" in printed and "of m=400" in printed
+    assert "computing the dense path kernel for m = 400" in printed
     assert list((version / "nsv").glob("support_vectors_epoch*.pt"))
     config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"

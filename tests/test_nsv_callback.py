@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from lightning_nsv.artifacts import load_support_vectors, reproduce
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
@@ -112,18 +113,25 @@ def test_tensorboard_has_metrics_and_figures(fitted):
 def test_saved_results_reproduce_the_support_vectors(fitted):
     run, callback, model, data = fitted
     directory = Path(run.logger.log_dir) / "nsv"
-    saved = torch.load(directory / f"support_vectors_epoch{callback.zero_error_epoch}.pt", weights_only=True)
-    summary = json.loads((directory / f"support_vectors_epoch{callback.zero_error_epoch}.json").read_text())
-    assert summary["n_support"] == len(saved["support"]) == callback.metrics["n_support"]
-    assert torch.equal(saved["dataset_indices"], data.train_indices)
-    from lightning_nsv.path_space import PathNetwork
-
-    net = PathNetwork(tuple(saved["weights"]), tuple(saved["biases"]), tuple(saved["betas"]), tuple(saved["gammas"]))
-    x, y = data.train_dataset.tensors
-    again = network_support_vectors(net, x.flatten(1), y)
-    assert torch.equal(torch.from_numpy(again.svm.support_), saved["support"])
-    torch.testing.assert_close(torch.from_numpy(again.svm.alpha_), saved["alpha"], rtol=1e-9, atol=0)
+    stem = directory / f"support_vectors_epoch{callback.zero_error_epoch}"
+    saved = torch.load(stem.with_suffix(".pt"), weights_only=True)
+    summary = json.loads(stem.with_suffix(".json").read_text())
+    assert summary["id"] == saved["id"] and summary["metrics"]["n_support"] == len(saved["support"])
+    assert summary["support"] == saved["support"].tolist() == callback.analysis.svm.support_.tolist()
+    assert summary["alpha_support"] == pytest.approx(saved["alpha"][saved["support"]].tolist(), rel=1e-15)
     assert "network support vectors" in summary["report"]
+    artifact = load_support_vectors(stem.with_suffix(".json"))
+    assert torch.equal(artifact.train_indices, data.train_indices)
+    assert artifact.data_class == "lightning_nsv.datamodules.digits.DigitsDataModule"
+    assert artifact.data_hparams["m"] == 300 and artifact.epoch == callback.zero_error_epoch
+    assert set(artifact.module_state) == set(model.state_dict())
+    assert artifact.versions["torch"] == str(torch.__version__)
+    # a user's module records no init arguments: reproduce() takes an instance and loads the saved weights
+    with pytest.raises(ValueError, match="records no init arguments for .*UserClassifier; pass `module=`"):
+        reproduce(artifact)
+    again = reproduce(artifact, module=UserClassifier())
+    assert torch.equal(torch.from_numpy(again.svm.support_), artifact.support)
+    torch.testing.assert_close(torch.from_numpy(again.svm.alpha_), artifact.alpha, rtol=1e-9, atol=0)
 
 
 def test_never_reaching_zero_error_says_so(tmp_path):
@@ -131,10 +139,30 @@ def test_never_reaching_zero_error_says_so(tmp_path):
     data = DigitsDataModule(m=200, seed=0, batch_size=50, random_labels=True)
     callback = NetworkSupportVectors()
     run = trainer(tmp_path, callback, max_epochs=2)
-    with pytest.warns(UserWarning, match=r"zero training error was never reached \(\d+ of 200 training samples"):
+    with pytest.warns(UserWarning, match=r"zero training error was not reached within max_epochs=2 \(\d+ of 200 "
+                                         r"training samples misclassified at the end\).*Train longer \(resume"):
         run.fit(LeakyReLUMLP(widths=[8], lr=0.01), datamodule=data)
     assert callback.zero_error_epoch is None and callback.metrics == {}
     assert scalars(Path(run.logger.log_dir))["nsv/zero_error_reached"] == [0.0]
+    assert not (Path(run.logger.log_dir) / "nsv").exists()
+
+
+class StopAfterOneEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
+def test_a_fit_stopped_before_max_epochs_writes_no_final_verdict(tmp_path, caplog):
+    data = DigitsDataModule(m=200, seed=0, batch_size=50, random_labels=True)
+    callback = NetworkSupportVectors()
+    run = trainer(tmp_path, callback, max_epochs=50)
+    run.callbacks.append(StopAfterOneEpoch())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "not reached" warning
+        warnings.filterwarnings("ignore", message=".*(val_dataloader|log_every_n_steps|workers).*")
+        run.fit(LeakyReLUMLP(widths=[8], lr=0.01), datamodule=data)
+    assert run.current_epoch == 1
+    assert "nsv/zero_error_reached" not in scalars(Path(run.logger.log_dir))
 
 
 def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
@@ -203,7 +231,7 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     [
         ({"every_n_epochs": 0}, "`every_n_epochs` must be a positive integer, got 0"),
         ({"batch_size": -1}, "`batch_size` must be a positive integer, got -1"),
-        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 64"),
+        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 32"),
         ({"C": 0}, "`C` must be positive, got 0"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
         ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),

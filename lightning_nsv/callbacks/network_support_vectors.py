@@ -1,16 +1,19 @@
 """Network support vectors of a Leaky-ReLU-family classifier, as soon as it reaches zero training error."""
 from __future__ import annotations
 
-import json
+import functools
+import inspect
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_nsv.artifacts import class_path, plain, save_support_vectors
 from lightning_nsv.callbacks.sinks import FigureSink
-from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
+from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.path_space import forward_with_slopes
@@ -48,43 +51,60 @@ class NetworkSupportVectors(Callback):
     submodules named by ``path_module``/``embedding``. The module's output must be that head's logit; this is
     checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1.
 
-    Cost: the dense float64 path kernel, ``8·m²`` bytes (m = 20,000: 3.2 GB), computed on the CPU, or with
-    ``kernel="columns"`` only the ``m×s'`` columns of the ``s'`` samples that enter the solver's free set.
+    A non-finite output (a diverged network, NaN/inf in the data) counts as a training error and is named in a
+    warning (the parameter or the first sample index); no analysis runs and no file is written for it. Under
+    DDP each rank checks its share of the training set, the decision is reduced across ranks, rank 0 runs the
+    analysis and broadcasts the numbers, and every rank logs them.
+
+    Cost: the dense float64 path kernel, ``8·m²`` bytes (m = 20,000: 3.2 GB), or with ``kernel="columns"``
+    only the ``m×s'`` columns of the ``s'`` samples that enter the solver's free set. A repeated analysis
+    (``stop_on_zero_error=False``) starts from the previous support set.
 
     Args:
-        every_n_epochs: check zero training error every this many epochs.
-        probe_size: random training samples tried before a full pass.
-        stop_on_zero_error: stop training once the analysis ran. With ``False`` training goes on and the
+        every_n_epochs: Check zero training error every this many epochs.
+        probe_size: Random training samples tried before a full pass.
+        stop_on_zero_error: Stop training once the analysis ran. With ``False`` training goes on and the
             analysis is repeated every ``every_n_epochs`` epochs while the training error stays zero, so that
             TensorBoard shows how the network approaches (or not) the max-margin classifier.
-        intercept: fit the SVM with an intercept (the paper's ``SVC`` protocol) instead of through the origin.
-        C: penalty of the intercept protocol on the kernel normalised by its mean diagonal.
-        delta: confidence of the compression bound.
+        intercept: Fit the SVM with an intercept (the paper's ``SVC`` protocol) instead of through the origin.
+        C: Penalty of the intercept protocol on the kernel normalised by its mean diagonal.
+        delta: Confidence of the compression bound.
         kernel: ``"dense"`` path kernel, ``"columns"`` computed on demand for candidate support vectors
-            only, or ``"auto"``: dense up to ``max_dense_bytes`` (default 4 GiB, m ≈ 23,000), columns above.
-        max_dense_bytes: see ``kernel``.
-        path_module: dotted name of the ``nn.Sequential`` head, when the module has several.
-        embedding: dotted name of a trunk applied before the head.
-        batch_size: batch size of the callback's own passes over the data.
-        save_dir: where results go; default ``<log_dir>/nsv``.
-        max_images: support vectors shown in the image grid.
-        seed: seed of the random probe.
+            only, or ``"auto"``: dense up to ``max_dense_bytes``, columns above.
+        max_dense_bytes: Largest dense kernel ``"auto"`` builds (default 4 GiB, m ≈ 23,000).
+        path_module: Dotted name of the ``nn.Sequential`` head, when the module has several.
+        embedding: Dotted name of a trunk applied before the head.
+        batch_size: Batch size of the callback's own passes over the data.
+        save_dir: Where results go; default ``<log_dir>/nsv``.
+        max_images: Support vectors shown in the image grid (the largest α first).
+        seed: Seed of the random probe.
 
     Raises:
-        ValueError: on arguments out of range.
-        UnsupportedNetworkError: at ``setup`` when the module has no supported path part.
+        ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
+            the module's output is not the head's logit; at the start of training when the training set is empty.
+        UnsupportedNetworkError: At ``setup`` when the module has no supported path part.
+        LightningPackageMismatch: At ``setup`` when the Trainer comes from the other Lightning package.
 
-    Logged metrics (``nsv/`` prefix, at each analysis, plus ``nsv/zero_error_epoch``, the first such epoch):
+    Logged metrics (``nsv/`` prefix, at each analysis, plus ``nsv/zero_error_epoch``, the first such epoch, and
+    ``nsv/zero_error_reached`` = 1):
         ``n_support``, ``support_fraction`` (s/m), ``svm_margin`` (1/||v||), ``network_margin``
         (min y N(x) / ||w̄||), ``margin_ratio``, ``cosine_wbar_v``, ``kkt_residual``, ``svm_margin_violations``,
         ``svm_alpha_at_bound``, ``unique_patterns_train``, ``unique_patterns_val``, ``val_agreement``,
         ``val_errors_network``, ``val_errors_svm``, ``val_errors_both``, ``compression_bound``,
         ``path_positive_mass_fraction``, ``path_positive_count_fraction``, ``path_negative_count``,
-        ``path_zero_count``. Figures: ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram of α
-        over the support vectors), ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
+        ``path_zero_count``; from the second analysis on, ``support_jaccard_previous`` (overlap with the last
+        support set). The same metrics are registered in TensorBoard's HParams tab, and the report goes to its
+        Text tab (``nsv/report``). Figures (TensorBoard, a logger with ``log_image``, else PNG files under
+        ``<save_dir>/figures``): ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram),
+        ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
         ``nsv/path_weights`` (networks of at most 400 weights, coloured by sign).
-        When zero training error is never reached, ``nsv/zero_error_reached`` = 0 is written to the logger and
-        a warning gives the number of training samples still misclassified.
+        When a fit ends at ``max_epochs`` without zero training error, ``nsv/zero_error_reached`` = 0 is written
+        and a warning gives the number of training samples still misclassified; a fit stopped earlier says
+        "not reached yet" and writes no verdict.
+
+    Files: ``<save_dir>/support_vectors_epoch<E>.pt`` and ``.json`` (see :mod:`lightning_nsv.artifacts`;
+    :func:`~lightning_nsv.artifacts.load_support_vectors` reads them and
+    :func:`~lightning_nsv.artifacts.reproduce` recomputes them).
 
     Example::
 
@@ -100,16 +120,17 @@ class NetworkSupportVectors(Callback):
         intercept: bool = False,
         C: float = 1e7,
         delta: float = 0.05,
-        kernel: str = "auto",
+        kernel: Literal["auto", "dense", "columns"] = "auto",
         max_dense_bytes: int = 4 << 30,
         path_module: str | None = None,
         embedding: str | None = None,
         batch_size: int = 1024,
         save_dir: str | None = None,
-        max_images: int = 64,
+        max_images: int = 32,
         seed: int = 0,
     ) -> None:
-        for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size)):
+        for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
+                            ("max_dense_bytes", max_dense_bytes)):
             if value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value}")
         if probe_size < 0 or max_images < 0:
@@ -137,15 +158,40 @@ class NetworkSupportVectors(Callback):
         self.zero_error_epoch: int | None = None
         self.metrics: dict[str, float] = {}
         self.analysis: SupportVectorAnalysis | None = None
+        self.history: list[dict[str, float]] = []
         self._hard: list[int] = []
+        self._previous_support: list[int] = []
         self._path: PathPart | None = None
+        self._kept: list[tuple[Tensor, Tensor]] = []
+        self._warned: set[str] = set()
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(intercept=self.intercept, path_module=self.path_module)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        check_same_package(trainer, self)
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.fast_dev_run:
+            rank_zero_info("NetworkSupportVectors: fast_dev_run, so the support-vector analysis is skipped")
+            return
+        dataset = self._train_dataset(trainer)
+        if len(dataset) == 0:
+            raise ValueError(
+                "NetworkSupportVectors: the training set is empty, so there is nothing to analyse; check the data "
+                "module's `m`, split and files"
+            )
+        limit = trainer.limit_train_batches
+        if limit is not None and ((isinstance(limit, float) and limit < 1.0) or
+                                  (isinstance(limit, int) and limit < trainer.num_training_batches
+                                   if isinstance(trainer.num_training_batches, int) else False)):
+            rank_zero_warn(
+                f"NetworkSupportVectors: `limit_train_batches={limit}` trains on part of the training set, but zero "
+                f"training error is checked and the SVM fitted on all {len(dataset)} training samples. Pass a "
+                "data module with `m` set to the samples you train on to analyse just those."
+            )
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -162,27 +208,42 @@ class NetworkSupportVectors(Callback):
             return
         dataset = self._train_dataset(trainer)
         with eval_mode(pl_module), torch.no_grad():
-            errors = self._errors(dataset, list(range(len(dataset))), self._path.path_network(), pl_module,
-                                  stop_early=False)
-        rank_zero_warn(
-            f"NetworkSupportVectors: zero training error was never reached ({len(errors)} of {len(dataset)} "
-            "training samples misclassified at the end), so there are no network support vectors. Train "
-            "longer, raise the learning rate or widen the network."
-        )
-        for logger in trainer.loggers:
-            logger.log_metrics({"nsv/zero_error_reached": 0.0}, step=trainer.global_step)
+            wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
+                                     pl_module, stop_early=False))
+        wrong = int(trainer.strategy.reduce(torch.tensor(float(wrong)), reduce_op="sum"))
+        epochs = trainer.current_epoch
+        if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
+            rank_zero_warn(
+                f"NetworkSupportVectors: zero training error was not reached within max_epochs={trainer.max_epochs} "
+                f"({wrong} of {len(dataset)} training samples misclassified at the end), so there are no network "
+                "support vectors. Train longer (resume from the last checkpoint with a larger max_epochs), raise "
+                "the learning rate or widen the network."
+            )
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.log_metrics({"nsv/zero_error_reached": 0.0}, step=trainer.global_step)
+        else:
+            rank_zero_info(
+                f"NetworkSupportVectors: zero training error not reached yet when training stopped after {epochs} "
+                f"epochs ({wrong} of {len(dataset)} training samples misclassified); resume from the checkpoint to "
+                "go on."
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "zero_error_epoch": self.zero_error_epoch,
             "metrics": dict(self.metrics),
+            "history": [dict(h) for h in self.history],
             "hard": list(self._hard),
+            "previous_support": list(self._previous_support),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.zero_error_epoch = state_dict.get("zero_error_epoch")
         self.metrics = dict(state_dict.get("metrics", {}))
+        self.history = [dict(h) for h in state_dict.get("history", [])]
         self._hard = list(state_dict.get("hard", []))
+        self._previous_support = list(state_dict.get("previous_support", []))
 
     def _should_skip(self, trainer: pl.Trainer) -> bool:
         return (
@@ -195,11 +256,31 @@ class NetworkSupportVectors(Callback):
     def _check_head_is_output(self, pl_module: pl.LightningModule, batch: Any) -> None:
         x, y = _split_batch(batch)
         signed_labels(y)
+        non_finite = _first_non_finite_parameter(pl_module)
+        if non_finite is not None:
+            raise ValueError(f"NetworkSupportVectors: {non_finite} before training: {_DIVERGED}")
+        flat = x.reshape(len(x), -1)
+        bad = (~torch.isfinite(flat)).any(1).nonzero().flatten()
+        if len(bad):
+            raise ValueError(
+                f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {int(bad[0])} of the "
+                "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
+            )
         with eval_mode(pl_module), torch.no_grad():
             x = x[:8]
             output = pl_module(x).reshape(len(x), -1)
             head = _head_forward(self._path, x)
-        if output.shape[1] != 1 or not torch.allclose(output[:, 0].double().cpu(), head, rtol=1e-4, atol=1e-5):
+        if output.shape[1] != 1:
+            raise ValueError(
+                f"the output of {type(pl_module).__name__} has {output.shape[1]} values per sample, but its path part "
+                f"{self._path.name} has one output; the module must return that logit unchanged"
+            )
+        precision = output.dtype if output.is_floating_point() else torch.float32
+        eps = torch.finfo(precision).eps
+        scale = float(head.abs().max()) if len(head) else 1.0
+        close = torch.allclose(output[:, 0].double().cpu(), head, rtol=max(1e-4, 64 * eps),
+                               atol=max(1e-5, 64 * eps * scale))
+        if not close:
             raise ValueError(
                 f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
                 "the support-vector analysis reads that head, so the module must return it unchanged "
@@ -228,31 +309,58 @@ class NetworkSupportVectors(Callback):
                 dataset = loaders.dataset
         return dataset
 
+    @staticmethod
+    def _shard(trainer: pl.Trainer, n: int) -> list[int]:
+        """The training indices this rank checks: every ``world_size``-th one."""
+        return list(range(trainer.global_rank, n, trainer.world_size))
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            rank_zero_warn(message)
+
     def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dataset = self._train_dataset(trainer)
         net = self._path.path_network()
-        with eval_mode(pl_module), torch.no_grad():
-            embedded = self._zero_error(dataset, net, pl_module, trainer.current_epoch)
-        reached = trainer.strategy.reduce_boolean_decision(embedded is not None, all=True)
+        non_finite = _first_non_finite_parameter(pl_module)
+        if non_finite is not None:
+            self._warn_once(f"NetworkSupportVectors: {non_finite} at epoch {trainer.current_epoch}: {_DIVERGED} "
+                            "Zero training error cannot hold, no analysis runs and no file is written.")
+            clean = False
+        else:
+            with eval_mode(pl_module), torch.no_grad():
+                clean = self._zero_error_here(trainer, dataset, net, pl_module)
+        reached = trainer.strategy.reduce_boolean_decision(clean, all=True)
         if not reached:
             return
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
         if trainer.is_global_zero:
-            metrics = self._analyse(trainer, pl_module, dataset, embedded, net, directory)
+            metrics = self._analyse(trainer, pl_module, dataset, net, directory)
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = trainer.current_epoch
-        self.metrics = metrics
+        self._record(metrics, trainer)
         for key, value in metrics.items():
             pl_module.log(f"nsv/{key}", value, on_step=False, on_epoch=True)
         pl_module.log("nsv/zero_error_epoch", float(self.zero_error_epoch), on_step=False, on_epoch=True)
+        pl_module.log("nsv/zero_error_reached", 1.0, on_step=False, on_epoch=True)
         if self.stop_on_zero_error:
             trainer.should_stop = True
 
+    def _record(self, metrics: dict[str, float], trainer: pl.Trainer) -> None:
+        support = metrics.pop("_support", None)
+        if support is not None:
+            previous = set(self._previous_support)
+            if previous:
+                metrics["support_jaccard_previous"] = len(previous & set(support)) / len(previous | set(support))
+            self._previous_support = list(support)
+        self.metrics = metrics
+        self.history.append({"epoch": float(trainer.current_epoch), **metrics})
+
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
                 keep: list | None = None) -> list[int]:
-        """Indices whose ``y·N(x) <= 0``; ``keep`` collects the ``(embedding, label)`` batches."""
+        """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches."""
         wrong = []
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
@@ -261,48 +369,82 @@ class NetworkSupportVectors(Callback):
             if keep is not None:
                 keep.append((embedded, y))
             outputs, _ = forward_with_slopes(net, embedded)
-            bad = signed_labels(y) * outputs <= 0
+            margins = signed_labels(y) * outputs
+            bad = ~(margins > 0)
+            if not torch.isfinite(outputs).all():
+                self._explain_non_finite(x, outputs, chunk)
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
             if wrong and stop_early:
                 break
         return wrong
 
-    def _zero_error(self, dataset: Dataset, net, pl_module, epoch: int) -> tuple[Tensor, Tensor] | None:
-        """The embedded training set if every sample has ``y·N(x) > 0``, else None."""
-        n = len(dataset)
-        generator = torch.Generator().manual_seed(self.seed + epoch)
-        probe = torch.randperm(n, generator=generator)[: self.probe_size].tolist()
+    def _explain_non_finite(self, x: Tensor, outputs: Tensor, chunk: list[int]) -> None:
+        row = int((~torch.isfinite(outputs)).nonzero()[0])
+        if not torch.isfinite(x[row]).all():
+            cause = (f"training sample {chunk[row]} holds NaN/inf inputs; clean the data (drop or repair that "
+                     "sample) — it counts as misclassified")
+        else:
+            cause = (f"the network's output is {float(outputs[row])} on training sample {chunk[row]} although its "
+                     f"inputs and weights are finite: the trunk or head overflowed ({_DIVERGED})")
+        self._warn_once(f"NetworkSupportVectors: {cause}")
+
+    def _zero_error_here(self, trainer: pl.Trainer, dataset: Dataset, net, pl_module) -> bool:
+        """Whether every training sample of this rank's shard has ``y·N(x) > 0``."""
+        shard = self._shard(trainer, len(dataset))
+        generator = torch.Generator().manual_seed(self.seed + trainer.current_epoch)
+        probe = [shard[i] for i in torch.randperm(len(shard), generator=generator)[: self.probe_size].tolist()]
         for indices in (self._hard, probe):
             wrong = self._errors(dataset, indices, net, pl_module) if indices else []
             if wrong:
                 self._hard = wrong
-                return None
-        batches: list[tuple[Tensor, Tensor]] = []
-        wrong = self._errors(dataset, list(range(n)), net, pl_module, keep=batches)
+                return False
+        self._kept = []
+        wrong = self._errors(dataset, shard, net, pl_module, keep=self._kept if trainer.world_size == 1 else None)
         if wrong:
-            self._hard = wrong
-            return None
-        return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+            self._hard, self._kept = wrong, []
+            return False
+        return True
 
-    def _analyse(self, trainer, pl_module, dataset, embedded: tuple[Tensor, Tensor], net,
-                 directory: Path) -> dict[str, float]:
-        x_train, y_train = embedded
+    def _embedded_training_set(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
+        kept, self._kept = self._kept, []
+        if kept:
+            return torch.cat([b[0] for b in kept]), torch.cat([b[1] for b in kept])
+        return self._embed_all(dataset, pl_module)
+
+    def _say(self, trainer: pl.Trainer, text: str) -> None:
+        """Print on lines of its own: through the progress bar where one is shown, else the rank-zero log."""
+        bar = trainer.progress_bar_callback
+        if bar is not None and getattr(bar, "is_enabled", False) and callable(getattr(bar, "print", None)):
+            bar.print(text)
+        else:
+            rank_zero_info(text)
+
+    def _analyse(self, trainer, pl_module, dataset, net, directory: Path) -> dict[str, float]:
+        x_train, y_train = self._embedded_training_set(dataset, pl_module)
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
+        m = len(y_train)
+        dense = self.intercept or self.kernel == "dense" or (self.kernel == "auto" and 8 * m * m <= self.max_dense_bytes)
+        how = "dense path kernel" if dense else "path kernel columns of candidate support vectors"
+        self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {trainer.current_epoch} on all {m} "
+                           f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
+        started = time.perf_counter()
         analysis = network_support_vectors(
             net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
             kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
+            **({"initial": self._previous_support} if self._previous_support and _takes_initial() else {}),
         )
         self.analysis = analysis
-        rank_zero_info(
-            f"Zero training error at epoch {trainer.current_epoch} on all {len(y_train)} training samples.\n"
-            + analysis.report()
-        )
-        self._save(trainer, directory, analysis, y_train, net)
+        self._say(trainer, f"NetworkSupportVectors: analysis done in {time.perf_counter() - started:.1f} s\n"
+                           + analysis.report())
+        step = trainer.global_step
+        self._save(trainer, pl_module, directory, analysis, y_train, net)
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
+        sink.text("nsv/report", _markdown_report(trainer.current_epoch, analysis), step)
+        _register_hparams(trainer, pl_module, analysis.to_metrics())
         self._log_figures(trainer, dataset, analysis, sink)
         self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
-        return analysis.to_metrics()
+        return {**analysis.to_metrics(), "_support": analysis.svm.support_.tolist()}
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
@@ -315,31 +457,37 @@ class NetworkSupportVectors(Callback):
         root = self.save_dir or (trainer.log_dir if trainer.log_dir else trainer.default_root_dir)
         return Path(root) / ("" if self.save_dir else "nsv")
 
-    def _save(self, trainer, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor, net) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        stem = f"support_vectors_epoch{trainer.current_epoch}"
-        source = getattr(trainer.datamodule, "train_indices", None)
+    def _save(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor,
+              net) -> Path:
+        datamodule = trainer.datamodule
+        source = getattr(datamodule, "train_indices", None)
+        module_hparams = getattr(pl_module, "hparams", None)
         payload = {
             "support": torch.from_numpy(analysis.svm.support_),
             "alpha": torch.from_numpy(analysis.svm.alpha_),
             "intercept": analysis.svm.intercept_,
             "labels": signed_labels(y_train),
-            "dataset_indices": None if source is None else torch.as_tensor(source),
-            "weights": list(net.weights),
-            "biases": None if net.biases is None else list(net.biases),
-            "betas": list(net.betas),
-            "gammas": list(net.gammas),
+            "network": {"weights": list(net.weights), "biases": None if net.biases is None else list(net.biases),
+                        "betas": list(net.betas), "gammas": list(net.gammas)},
             "path_part": self._path.name,
+            "path_module": self.path_module,
+            "embedding": self.embedding,
+            "module_class": class_path(pl_module),
+            "module_hparams": plain(dict(module_hparams)) if module_hparams else None,
+            "module_state": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
+            "data_class": class_path(datamodule),
+            "data_hparams": plain(dict(datamodule.hparams)) if getattr(datamodule, "hparams", None) else None,
+            "train_indices": None if source is None else torch.as_tensor(source),
             "epoch": trainer.current_epoch,
             "global_step": trainer.global_step,
-            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method, "kernel": self.kernel,
-                       "kernel_scale": analysis.svm.kernel_scale, "C_effective": analysis.svm.C_effective},
+            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
+                       "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
+                       "kernel_scale": analysis.svm.kernel_scale, "C_effective": analysis.svm.C_effective,
+                       "kkt_residual": analysis.svm.kkt_residual, "iterations": analysis.svm.iterations},
             "metrics": analysis.to_metrics(),
         }
-        torch.save(payload, directory / f"{stem}.pt")
-        summary = {k: v for k, v in payload["metrics"].items()}
-        summary.update(epoch=trainer.current_epoch, m=analysis.m, report=analysis.report())
-        (directory / f"{stem}.json").write_text(json.dumps(summary, indent=2))
+        return save_support_vectors(directory, f"support_vectors_epoch{trainer.current_epoch}", payload,
+                                    report=analysis.report())
 
     def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         from lightning_nsv.plotting import alpha_histogram, image_grid
@@ -379,3 +527,48 @@ def _collate(items: list) -> tuple[Tensor, Tensor]:
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:
     return forward_with_slopes(path.path_network(), path.embed(x).cpu())[0]
+
+
+_DIVERGED = ("the network has diverged (lower the learning rate, clip gradients or check the loss), or the data hold "
+             "NaN/inf")
+
+
+def _first_non_finite_parameter(module: torch.nn.Module) -> str | None:
+    for name, parameter in module.named_parameters():
+        finite = torch.isfinite(parameter)
+        if not finite.all():
+            kind = "NaN" if torch.isnan(parameter).any() else "inf"
+            return f"parameter {name} holds {kind} ({int((~finite).sum())} of {parameter.numel()} entries)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _takes_initial() -> bool:
+    return "initial" in inspect.signature(network_support_vectors).parameters
+
+
+def _markdown_report(epoch: int, analysis: SupportVectorAnalysis) -> str:
+    rows = "\n".join(f"| `nsv/{key}` | {value:.6g} |" for key, value in analysis.to_metrics().items())
+    report = analysis.report().replace("\n", "  \n")
+    return f"**Network support vectors at epoch {epoch}**  \n{report}\n\n| metric | value |\n|---|---|\n{rows}"
+
+
+def _register_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
+    """Register the analysis metrics in TensorBoard's HParams tab (values are read from the scalars)."""
+    writers = [lg.experiment for lg in trainer.loggers
+               if callable(getattr(getattr(lg, "experiment", None), "_get_file_writer", None))]
+    if not writers:
+        return
+    from torch.utils.tensorboard.summary import hparams
+
+    params: dict[str, Any] = {}
+    for prefix, source in (("model", getattr(pl_module, "hparams", {})),
+                           ("data", getattr(trainer.datamodule, "hparams", {}))):
+        for key, value in dict(source or {}).items():
+            if not str(key).startswith("_"):
+                params[f"{prefix}/{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    summaries = hparams(params, {f"nsv/{key}": value for key, value in metrics.items()})
+    for writer in writers:
+        file_writer = writer._get_file_writer()
+        for summary in summaries:
+            file_writer.add_summary(summary)
