@@ -13,7 +13,7 @@ from functools import partial
 from cnn_fc_depth import parser_for
 
 from lightning_nsv.experiments import cnn_point, parse, sweep_and_report
-from lightning_nsv.plotting import agreement_counts, plot_agreement
+from lightning_nsv.plotting import agreement_counts, error_bar_caption, plot_agreement
 
 NAME = "agreement_table"
 TABLE = {"fc_depth": "FC depth", "reached": "trials at zero error", "val_error_network": "val error network",
@@ -24,7 +24,9 @@ TABLE = {"fc_depth": "FC depth", "reached": "trials at zero error", "val_error_n
 def figure(summary: list[dict]):
     for row in summary:
         row.update({k: v for k, v in agreement_counts(row).items() if k in ("network_only", "svm_only")})
-    return plot_agreement([row["fc_depth"] for row in summary], [agreement_counts(row) for row in summary])[0]
+    caption = error_bar_caption(summary, "fc_depth").replace("mean ± 1 sd", "bars: mean")
+    return plot_agreement([row["fc_depth"] for row in summary], [agreement_counts(row) for row in summary],
+                          caption=caption)[0]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

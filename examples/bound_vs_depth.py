@@ -14,7 +14,7 @@ from functools import partial
 
 from sv_vs_depth import parser_for
 
-from lightning_nsv.experiments import mlp_point, parse, read_csv, run_sweep, summarise, write_results
+from lightning_nsv.experiments import mlp_point, parse, read_csv, replot, run_sweep, summarise, write_results
 from lightning_nsv.plotting import plot_sweep
 
 NAME = "bound_vs_depth"
@@ -22,10 +22,22 @@ TABLE = {"depth": "depth d", "reached": "trials at zero error", "n_support": "s"
          "ns_over_m": "n·s/m", "compression_bound": "bound", "val_error_network": "val error"}
 
 
+def figure(summary: list[dict], title: str):
+    fig, ax = plot_sweep(summary, "depth", {"compression_bound": "compression bound", "ns_over_m": "n·s/m",
+                                            "val_error_network": "validation error"},
+                         xlabel="hidden layers d", ylabel="bound, n·s/m and error (log scale)", logy=True,
+                         title=title)
+    ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse(parser_for(NAME, __doc__), argv)
     if args.quick:
         args.depths, args.m = [1, 3], args.m or 60
+    title = f"{args.data}: width {args.width}, δ = 0.05"
+    if args.replot:
+        return replot(args, NAME, lambda summary: figure(summary, title))
     if args.from_trials:
         rows = [row for path in args.from_trials for row in read_csv(path)]
     else:
@@ -37,12 +49,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["ns_over_m"] = row["n_hidden"] * row["n_support"] / row["m"]
     summary = summarise(rows, ["depth"], ["n_support", "support_fraction", "ns_over_m", "compression_bound",
                                           "val_error_network"])
-    fig, ax = plot_sweep(summary, "depth", {"compression_bound": "compression bound", "ns_over_m": "n·s/m",
-                                            "val_error_network": "validation error"},
-                         xlabel="hidden layers d", ylabel="test-error bound", logy=True,
-                         title=f"{args.data}: width {args.width}, δ = 0.05")
-    ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
-    write_results(args, NAME, rows, summary, {"": fig}, TABLE, step_key="depth")
+    write_results(args, NAME, rows, summary, {"": figure(summary, title)}, TABLE, step_key="depth")
     return summary
 
 

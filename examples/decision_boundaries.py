@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shown.setdefault(trial.params["set"], (grid, x, y, svm.support_, trial.seed))
 
     def figure(summary: list[dict]):
-        fig, axes = plt.subplots(len(args.sets), 2, figsize=(7.5, 3.4 * len(args.sets)), squeeze=False)
+        fig, axes = plt.subplots(len(args.sets), 2, figsize=(7.5, 4.0 * len(args.sets)), squeeze=False)
         for axes_row, name in zip(axes, args.sets):
             if name not in shown:
                 for ax in axes_row:

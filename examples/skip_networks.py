@@ -37,7 +37,7 @@ from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import CIFAR10_CLASSES
-from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, write_csv
+from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, save_figures, write_csv
 from lightning_nsv.models.skip import MODES, SkipNetwork
 
 COLUMNS = {"mode": "mode", "optimizer": "optimizer", "N": "N", "M": "M", "psi_rank": "rank Ψ",
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     write_csv(rows, Path(args.out) / "skip_networks.csv")
     title = f"{args.data}, N = {args.m}, {args.depth}x{args.width} {args.activation}"
     fig = plot(rows, curves, title)
-    fig.savefig(Path(args.out) / "skip_networks.png", dpi=90)
+    save_figures(fig, Path(args.out) / "skip_networks")
     table = markdown_table(rows, COLUMNS)
     from torch.utils.tensorboard import SummaryWriter
 

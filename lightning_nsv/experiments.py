@@ -9,9 +9,14 @@ trials) and :func:`write_results` writes, under ``--out``:
 - ``<name>.csv``: one row per grid point, means and standard deviations over the trials that reached zero error,
   with the counts ``trials`` and ``reached``;
 - ``<name>_trials.csv``: one row per trial, including the trials that did not reach zero error;
-- ``<name>.png`` (and any further figures the example makes);
+- ``<name>.png`` and ``<name>.pdf`` (``--format``, ``--dpi``; and any further figures the example makes);
 - ``tensorboard/<point>-seed=<k>/``: each trial's training curves and ``nsv/`` metrics, and
-  ``tensorboard/summary/``: the averaged metrics against the swept parameter and the figures.
+  ``tensorboard/summary/``: the figures (mean ± 1 sd error bars against the swept parameter, one per metric of
+  the table) and the table as text. The summary is not logged as scalars: with the parameter as the step,
+  TensorBoard's smoothing would draw values that were never measured.
+
+``--replot`` draws the figures again from ``<out>/<name>.csv`` without training (new style, same numbers).
+Every file is written atomically (:mod:`lightning_nsv.atomic`): a crash leaves the previous version whole.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from lightning_nsv.atomic import save_figure, write_text
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import (
@@ -45,12 +51,14 @@ from lightning_nsv.support_vectors import SupportVectorAnalysis
 
 __all__ = [
     "DATASETS",
+    "FIGURE_FORMATS",
     "SUMMARY_METRICS",
     "Trial",
     "callback_kwargs",
     "cnn_point",
     "data_for",
     "example_parser",
+    "figure_options",
     "make_datamodule",
     "make_model",
     "markdown_table",
@@ -58,10 +66,11 @@ __all__ = [
     "parse",
     "quiet",
     "read_csv",
+    "replot",
     "report_sweep",
     "run_sweep",
     "run_trial",
-    "save_png",
+    "save_figures",
     "seeds",
     "summarise",
     "sweep_and_report",
@@ -76,6 +85,7 @@ SUMMARY_METRICS = (
     "compression_bound", "unique_patterns_train", "unique_patterns_val", "kkt_residual",
     "path_positive_count_fraction", "path_positive_mass_fraction", "n_val",
 )
+FIGURE_FORMATS = ("png", "pdf", "svg")
 ModelFactory = Callable[[], pl.LightningModule]
 
 
@@ -258,14 +268,12 @@ def summarise(
 
 def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Rows with the union of their keys as columns (in order of first appearance)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text(path, buffer.getvalue())
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: dict[str, str]) -> str:
@@ -295,11 +303,13 @@ def write_results(
     table: dict[str, str],
     step_key: str | None = None,
 ) -> Path:
-    """Write ``<name>.csv`` (summary), ``<name>_trials.csv``, one PNG per figure (``figures`` maps a file-name
-    suffix, ``""`` for ``<name>.png``, to a matplotlib figure) and the TensorBoard summary; print the table.
+    """Write ``<name>.csv`` (summary), ``<name>_trials.csv``, each figure in every ``--format`` (``figures`` maps
+    a file-name suffix, ``""`` for ``<name>.png``, to a matplotlib figure) and the TensorBoard summary; print the
+    table.
 
-    The summary metrics go to TensorBoard as ``<name>/<metric>`` at step ``row[step_key]`` (an integer
-    parameter such as ``m`` or the depth) or the row's position.
+    TensorBoard gets the figures as ``<name>/figure<suffix>``, the table as ``<name>/table`` and, when the sweep
+    is over one numeric parameter ``step_key``, one error-bar figure per metric of the table,
+    ``<name>/sweep/<metric>``.
     """
     import matplotlib.pyplot as plt
     from torch.utils.tensorboard import SummaryWriter
@@ -308,22 +318,64 @@ def write_results(
     write_csv(summary, out / f"{name}.csv")
     write_csv(rows, out / f"{name}_trials.csv")
     writer = SummaryWriter(str(out / "tensorboard" / "summary"))
-    for position, row in enumerate(summary):
-        step = row[step_key] if step_key is not None and isinstance(row.get(step_key), int) else position
-        for key, value in row.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != step_key:
-                writer.add_scalar(f"{name}/{key}", value, global_step=step)
     for suffix, figure in figures.items():
-        save_png(figure, out / f"{name}{suffix}.png")
+        save_figures(figure, out / f"{name}{suffix}", **figure_options(args))
         writer.add_figure(f"{name}/figure{suffix}", figure, close=False)
         plt.close(figure)
+    for metric, figure in _metric_figures(summary, table, step_key).items():
+        writer.add_figure(f"{name}/sweep/{metric}", figure, close=True)
     text = markdown_table(summary, table)
-    writer.add_text(f"{name}/table", text)
+    writer.add_text(f"{name}/table", text + "\n\nmean ± sd over the seeds that reached zero training error")
     writer.close()
     missed = [r for r in rows if not r.get("zero_error")]
     print(f"\n{name}: {len(rows) - len(missed)} of {len(rows)} trials reached zero training error; results in {out}")
     print(text, flush=True)
     return out
+
+
+def _metric_figures(summary: Sequence[dict[str, Any]], table: dict[str, str], key: str | None) -> dict[str, Any]:
+    """One error-bar figure per averaged metric of ``table`` against the numeric sweep parameter ``key``."""
+    from lightning_nsv.plotting import plot_sweep
+
+    if key is None or not all(isinstance(row.get(key), (int, float)) for row in summary):
+        return {}
+    xs = [float(row[key]) for row in summary]
+    logx = min(xs) > 0 and max(xs) >= 8 * min(xs)
+    figures = {}
+    for metric, label in table.items():
+        if metric != key and any(f"{metric}_std" in row for row in summary):
+            figures[metric] = plot_sweep(summary, key, {metric: label}, xlabel=table.get(key, key), ylabel=label,
+                                         logx=logx)[0]
+    return figures
+
+
+def figure_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``formats`` and ``dpi`` of :func:`save_figures` from ``--format`` and ``--dpi``."""
+    return {"formats": getattr(args, "format", ("png", "pdf")), "dpi": getattr(args, "dpi", 200)}
+
+
+def save_figures(figure: Any, stem: str | Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 200) -> list[Path]:
+    """``<stem>.<format>`` for each of ``formats`` (raster formats at ``dpi``), each written atomically."""
+    stem = Path(stem)
+    return [save_figure(figure, stem.with_name(f"{stem.name}.{fmt}"), dpi=dpi, bbox_inches="tight")
+            for fmt in formats]
+
+
+def replot(args: argparse.Namespace, name: str, figure: Callable[[list[dict[str, Any]]], Any]) -> list[dict[str, Any]]:
+    """``--replot``: the figures of ``<out>/<name>.csv`` in every ``--format``, nothing trained or logged."""
+    path = Path(args.out) / f"{name}.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"--replot reads {path}, which does not exist: run the example with --out "
+                                f"{args.out} first, or point --out at the folder holding {name}.csv")
+    import matplotlib.pyplot as plt
+
+    summary = read_csv(path)
+    figures = figure(summary)
+    for suffix, fig in (figures if isinstance(figures, dict) else {"": figures}).items():
+        written = save_figures(fig, Path(args.out) / f"{name}{suffix}", **figure_options(args))
+        plt.close(fig)
+        print("wrote " + ", ".join(str(p) for p in written), flush=True)
+    return summary
 
 
 def sweep_and_report(
@@ -339,10 +391,12 @@ def sweep_and_report(
     **sweep_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """The whole of a sweep example: :func:`run_sweep` (unless ``rows`` of an earlier run are given, or
-    ``--from-trials`` names CSV files of one),
+    ``--from-trials`` names CSV files of one; ``--replot`` only draws ``<name>.csv`` again, see :func:`replot`),
     :func:`summarise` by the grid's keys, ``figure(summary)`` (a figure, or a dict of file-name suffix to figure)
     and :func:`write_results`; returns the summary."""
     by = list(grid[0])
+    if getattr(args, "replot", False):
+        return replot(args, name, figure)
     if rows is None and getattr(args, "from_trials", None):
         rows = [row for path in args.from_trials for row in read_csv(path)]
     if rows is None:
@@ -352,18 +406,6 @@ def sweep_and_report(
     figures = figures if isinstance(figures, dict) else {"": figures}
     write_results(args, name, rows, summary, figures, table, step_key=by[0] if len(by) == 1 else None)
     return summary
-
-
-def save_png(figure: Any, path: str | Path, dpi: int = 90, colors: int = 64) -> Path:
-    """Save a figure as a palette PNG of ``colors`` colours: a quarter of the size, the same look for plots."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    buffer.seek(0)
-    image = Image.open(buffer).convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
-    image.save(path, optimize=True)
-    return Path(path)
 
 
 def report_sweep(
@@ -430,11 +472,23 @@ def example_parser(
         help="fit the SVM with an intercept (the paper's SVC protocol) instead of through the origin")
     add("--threads", type=int, default=1, help="torch CPU threads (small networks run fastest on 1)")
     add("--quick", action="store_true", help="tiny sizes, 1 trial, Adam: a smoke test in seconds")
+    add("--format", type=_formats, default=("png", "pdf"), metavar="LIST",
+        help=f"comma-separated figure formats, of {', '.join(FIGURE_FORMATS)}")
+    add("--dpi", type=int, default=200, help="resolution of raster figures (PNG), at least 150 for print")
     if from_trials:
         add("--from-trials", nargs="+", metavar="CSV",
             help="summarise and plot these *_trials.csv files (concatenated) instead of training")
+        add("--replot", action="store_true", help="only draw the figures again from <out>/<name>.csv")
     parser.set_defaults(**defaults)
     return parser
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    formats = tuple(dict.fromkeys(part.strip().lower().lstrip(".") for part in text.split(",") if part.strip()))
+    unknown = [f for f in formats if f not in FIGURE_FORMATS]
+    if unknown or not formats:
+        raise argparse.ArgumentTypeError(f"formats can be {', '.join(FIGURE_FORMATS)} (comma-separated), got {text!r}")
+    return formats
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -445,6 +499,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error(f"--trials must be at least 1, got {args.trials}")
+    if args.dpi < 1:
+        parser.error(f"--dpi must be positive, got {args.dpi}")
     if args.data in ("mnist", "cifar") and args.data_root is None:
         parser.error(f"--data {args.data} needs --data-root (the directory holding the files)")
     if args.quick:
@@ -489,10 +545,13 @@ def callback_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a CSV written by :func:`write_csv`, numbers parsed (``int`` where integral), blanks as ``None``."""
+    """Rows of a CSV written by :func:`write_csv`, numbers parsed (``int`` where integral), ``True``/``False`` as
+    booleans, blanks as ``None``."""
     def value(text: str) -> Any:
         if text == "":
             return None
+        if text in ("True", "False"):
+            return text == "True"
         for kind in (int, float):
             try:
                 return kind(text)

@@ -8,7 +8,11 @@
   the signs of the path weights ``wbar`` (:func:`~lightning_nsv.path_space.path_signs`, no path materialised).
 - Table II: :func:`agreement_counts` and :func:`plot_agreement`, validation samples misclassified by the network
   only, the SVM only, or both.
-- Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`.
+- Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`, error bars captioned by
+  :func:`error_bar_caption`.
+
+Figures meant for TensorBoard are about 5.5 inches wide: at matplotlib's 100 dpi they fill TensorBoard's
+~500-pixel image card without being shrunk, so their text stays readable.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
@@ -28,11 +34,13 @@ from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes
 from lightning_nsv.support_vectors import max_margin_decision, signed_labels  # noqa: E402
 
 __all__ = [
+    "CARD_WIDTH",
     "GridDecisions",
     "agreement_counts",
     "alpha_histogram",
     "data_extent",
     "decision_grid",
+    "error_bar_caption",
     "image_grid",
     "max_margin_decision",
     "plot_agreement",
@@ -40,17 +48,47 @@ __all__ = [
     "plot_path_weights",
     "plot_sweep",
     "plot_unique_patterns",
+    "short_number",
 ]
 
 NEGATIVE, POSITIVE = "tab:red", "tab:blue"
+REGION_NEGATIVE, REGION_POSITIVE = "#f4c7c3", "#c6dbef"
 
 
-def image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, columns: int = 8):
-    """Images ``(n, C, H, W)`` in a grid, each scaled to its own range."""
-    n = images.shape[0]
-    columns = max(1, min(columns, n))
+CARD_WIDTH = 5.5  # inches: TensorBoard's image card at 100 dpi
+
+
+def short_number(value: float) -> str:
+    """Two significant digits, exponent without padding: ``0.00123`` -> ``"1.2e-3"``, ``0.5`` -> ``"0.5"``."""
+    if value == 0 or 1e-2 <= abs(value) < 1e3:
+        return f"{value:.2g}"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def image_grid(
+    images: torch.Tensor,
+    titles: Sequence[str] | None = None,
+    columns: int = 8,
+    *,
+    total: int | None = None,
+    max_images: int = 32,
+    what: str = "support vectors by α",
+):
+    """The first ``max_images`` of ``images`` ``(n, C, H, W)`` in a grid of at most ``columns`` columns, each
+    scaled to its own range, with a suptitle that says how many of ``total`` (default ``n``) it shows.
+
+    The grid is :data:`CARD_WIDTH` wide whatever the number of tiles, so that few tiles are large: at most 4
+    columns up to 16 images, 6 up to 36, then ``columns``.
+    """
+    if max_images < 1:
+        raise ValueError(f"`max_images` must be at least 1, got {max_images}")
+    total = images.shape[0] if total is None else total
+    n = min(images.shape[0], max_images)
+    columns = max(1, min(columns, n, 4 if n <= 16 else 6 if n <= 36 else columns))
     rows = max(1, math.ceil(n / columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(1.3 * columns, 1.45 * rows), squeeze=False)
+    tile = CARD_WIDTH / columns
+    fig, axes = plt.subplots(rows, columns, figsize=(CARD_WIDTH, tile * rows * 1.12 + 0.35), squeeze=False)
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
         if k >= n:
@@ -62,25 +100,51 @@ def image_grid(images: torch.Tensor, titles: Sequence[str] | None = None, column
         else:
             ax.imshow(img.permute(1, 2, 0).numpy())
         if titles is not None:
-            ax.set_title(titles[k], fontsize=7)
-    fig.tight_layout()
+            ax.set_title(titles[k], fontsize=9 if columns <= 6 else 8, pad=2)
+    shown = f"top {n} of {total}" if n < total else f"all {total}"
+    fig.suptitle(f"{shown} {what}", fontsize=10)
+    fig.tight_layout(pad=0.3, h_pad=0.4, w_pad=0.2)
     return fig, axes
 
 
 def alpha_histogram(alpha: np.ndarray, bins: int = 40):
-    """Histogram of the dual coefficients of the support vectors on a log axis."""
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    alpha = np.asarray(alpha)
+    """Histogram of the dual coefficients α of the support vectors on a log axis whose limits are whole decades,
+    with at most 5 labelled ticks (unlabelled minor ticks)."""
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.4))
+    alpha = np.asarray(alpha, dtype=float)
     alpha = alpha[alpha > 0]
     if alpha.size:
+        low, high = math.floor(np.log10(alpha.min())), math.ceil(np.log10(alpha.max()))
+        high = max(high, low + 1)
         edges = np.logspace(np.log10(alpha.min()), np.log10(alpha.max()) + 1e-9, bins + 1)
-        ax.hist(alpha, bins=edges)
+        ax.hist(alpha, bins=edges, color=POSITIVE)
         ax.set_xscale("log")
-    ax.set_xlabel("α of support vectors")
-    ax.set_ylabel("count")
-    ax.set_title(f"{alpha.size} support vectors")
+        ax.set_xlim(10.0 ** low, 10.0 ** high)
+        ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10), numticks=12))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("dual coefficient α (log scale)")
+    ax.set_ylabel("support vectors")
+    ax.set_title(f"α of {alpha.size} support vectors", fontsize=10)
+    ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return fig, ax
+
+
+def error_bar_caption(rows: Sequence[dict[str, Any]], key: str | None = None) -> str:
+    """What the error bars of summary rows are over, ``"mean ± 1 sd over 3 seeds"``, naming the points (by their
+    ``key`` value) where fewer seeds reached zero training error, the only ones averaged: ``"(2 at m = 200)"``."""
+    reached = [int(row["reached"]) for row in rows if row.get("reached") is not None]
+    if not reached:
+        return "mean ± 1 sd over seeds"
+    most = max(reached)
+    caption = f"mean ± 1 sd over {most} seed{'s' if most != 1 else ''}"
+    fewer = [row for row in rows if row.get("reached") is not None and int(row["reached"]) < most]
+    if fewer and key is not None:
+        caption += " (" + ", ".join(f"{int(row['reached'])} at {key} = {row[key]}" for row in fewer) + ")"
+    elif fewer:
+        caption += f" (fewer at {len(fewer)} point{'s' if len(fewer) != 1 else ''})"
+    return caption
 
 
 @dataclass(frozen=True)
@@ -143,29 +207,48 @@ def plot_decision_boundaries(
     support: np.ndarray | None = None,
     axes: Sequence[Any] | None = None,
     titles: tuple[str, str] = ("network", "max-margin classifier"),
+    legend: bool = True,
 ):
     """Two panels: the network's classes and the max-margin classifier's over the grid (Figure 7), with the
-    training points and, circled, the support vectors."""
-    if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3.8), sharex=True, sharey=True)
+    training points and, circled, the support vectors. Axes are the input features ``x₁``, ``x₂``; ``legend``
+    puts the classes (points and regions) and the support vectors in a legend below the panels."""
+    own_figure = axes is None
+    if own_figure:
+        fig, axes = plt.subplots(1, 2, figsize=(8, 4.3), sharex=True, sharey=True)
     else:
         fig = axes[0].figure
     x_train = np.asarray(x_train, dtype=np.float64).reshape(len(x_train), -1)
     labels = signed_labels(torch.as_tensor(np.asarray(y_train))).numpy()
     for ax, values, title in zip(axes, (grid.network, grid.svm), titles):
         ax.contourf(grid.xs, grid.ys, (values >= 0).astype(float), levels=[-0.5, 0.5, 1.5],
-                    colors=["#f4c7c3", "#c6dbef"])
+                    colors=[REGION_NEGATIVE, REGION_POSITIVE])
         ax.contour(grid.xs, grid.ys, values, levels=[0.0], colors="k", linewidths=1.0)
         for label, color in ((-1.0, NEGATIVE), (1.0, POSITIVE)):
             chosen = labels == label
             ax.scatter(x_train[chosen, 0], x_train[chosen, 1], s=6, c=color, linewidths=0)
         if support is not None and len(support):
             ax.scatter(x_train[support, 0], x_train[support, 1], s=28, facecolors="none", edgecolors="k",
-                       linewidths=0.7, label=f"{len(support)} support vectors")
-            ax.legend(loc="lower right", fontsize=7)
+                       linewidths=0.7)
         ax.set_title(title, fontsize=9)
+        ax.set_xlabel("input x₁")
+        ax.set_ylabel("input x₂")
         ax.set_xlim(grid.xs[0], grid.xs[-1])
         ax.set_ylim(grid.ys[0], grid.ys[-1])
+    if legend:
+        handles = [
+            plt.Line2D([], [], ls="", marker="o", ms=4, color=NEGATIVE, label="class −1"),
+            plt.Line2D([], [], ls="", marker="o", ms=4, color=POSITIVE, label="class +1"),
+            Patch(color=REGION_NEGATIVE, label="decided −1"),
+            Patch(color=REGION_POSITIVE, label="decided +1"),
+            plt.Line2D([], [], color="k", lw=1.0, label="decision boundary"),
+        ]
+        if support is not None and len(support):
+            handles.append(plt.Line2D([], [], ls="", marker="o", ms=6, mfc="none", mec="k",
+                                      label=f"{len(support)} support vectors"))
+        axes[0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=3,
+                       frameon=False)
+    if own_figure:
+        fig.tight_layout()
     return fig, axes
 
 
@@ -189,6 +272,7 @@ def plot_path_weights(net: PathNetwork, signs: PathSigns | None = None):
         graph.scatter(np.full(len(ys), k), ys, s=60, c="white", edgecolors="k", zorder=2)
     graph.set_xticks(range(len(sizes)), ["input", *(f"layer {k}" for k in range(1, len(sizes) - 1)), "output"])
     graph.set_yticks([])
+    graph.set_ylabel("neurons of the layer")
     graph.set_ylim(-0.8, height + 0.1)
     graph.plot([], [], color=POSITIVE, label="positive weight")
     graph.plot([], [], color=NEGATIVE, label="negative weight")
@@ -200,6 +284,7 @@ def plot_path_weights(net: PathNetwork, signs: PathSigns | None = None):
              bottom=[signs.positive_count_fraction, signs.positive_mass_fraction], color=NEGATIVE, label="negative")
     bars.set_xticks([0, 1], [f"paths\n({signs.num_paths})", "path mass\nΣ|w̄_p|"])
     bars.set_ylim(0, 1)
+    bars.set_ylabel("fraction")
     bars.set_title(f"w̄ > 0 on {100 * signs.positive_count_fraction:.1f}% of paths,\n"
                    f"{100 * signs.positive_mass_fraction:.2f}% of path mass", fontsize=8)
     bars.legend(fontsize=7, loc="lower right")
@@ -219,9 +304,11 @@ def agreement_counts(metrics: dict[str, float]) -> dict[str, float]:
     }
 
 
-def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xlabel: str = "FC depth"):
-    """Stacked bars of :func:`agreement_counts` per setting (Table II) and the agreement in percent."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xlabel: str = "FC depth",
+                   caption: str | None = None):
+    """Stacked bars of :func:`agreement_counts` per setting (Table II) and the agreement in percent; ``caption``
+    (e.g. ``"mean over 3 seeds"``) says what the bars average."""
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8))
     where = np.arange(len(labels))
     bottom = np.zeros(len(labels))
     for key, color, text in (("both", "0.35", "both"), ("network_only", "tab:orange", "network only"),
@@ -232,7 +319,8 @@ def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xl
     ax.set_xticks(where, [str(v) for v in labels])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("misclassified validation samples")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
+              title=caption, title_fontsize=7)
     twin = ax.twinx()
     twin.plot(where, [100 * c["agreement"] for c in counts], "k.-")
     twin.set_ylabel("agreement network / SVM (%)")
@@ -252,25 +340,27 @@ def plot_sweep(
     logy: bool = False,
     title: str | None = None,
     ax: Any = None,
+    caption: str | None = None,
 ):
     """Metrics (means with ``<metric>_std`` error bars) of summary rows against the swept parameter ``x``;
-    ``series`` maps each metric to its legend label."""
-    fig, ax = plt.subplots(figsize=(5, 3.6)) if ax is None else (ax.figure, ax)
+    ``series`` maps each metric to its legend label. The legend's title says what the error bars are over:
+    ``caption``, by default :func:`error_bar_caption` of the rows."""
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8)) if ax is None else (ax.figure, ax)
     xs = np.array([row[x] for row in rows], dtype=float)
     for metric, label in series.items():
         mean = np.array([row[metric] for row in rows], dtype=float)
         std = np.array([row.get(f"{metric}_std", np.nan) for row in rows], dtype=float)
         ax.errorbar(xs, mean, yerr=np.where(np.isfinite(std), std, 0.0), marker="o", capsize=3, label=label)
     ax.set_xscale("log" if logx else "linear")
-    if not logx and np.all(xs == np.round(xs)):
-        ax.set_xticks(xs)
+    if np.all(xs == np.round(xs)) and len(np.unique(xs)) <= 12:
+        ax.set_xticks(np.unique(xs), [f"{v:g}" for v in np.unique(xs)])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_yscale("log" if logy else "linear")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
-        ax.set_title(title, fontsize=9)
-    if len(series) > 1:
-        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, title=error_bar_caption(rows, x) if caption is None else caption, title_fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig, ax
@@ -285,5 +375,5 @@ def plot_unique_patterns(rows: Sequence[dict[str, Any]], n_test: int | None = No
     ax.plot(ms, ms, "k--", lw=0.8, label="m (one per sample)")
     if n_test is not None:
         ax.axhline(n_test, color="0.5", ls=":", lw=0.8, label=f"test samples ({n_test})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title=error_bar_caption(rows, "m"), title_fontsize=8)
     return fig, ax
