@@ -31,7 +31,7 @@ def cnn_run(examples, tmp_path_factory):
 
 
 def _check_outputs(out: Path, name: str, summary: list[dict]) -> list[dict]:
-    for suffix in (".csv", "_trials.csv", ".png"):
+    for suffix in (".csv", "_trials.csv", ".png", ".pdf"):
         assert (out / f"{name}{suffix}").stat().st_size > 0, f"{name}{suffix} missing"
     assert list((out / "tensorboard" / "summary").glob("events.out.tfevents.*"))
     rows = read_csv(out / f"{name}.csv")
@@ -45,9 +45,21 @@ def test_example_quick(examples, name, tmp_path):
     _check_outputs(tmp_path, name, summary)
     if name in ("decision_boundaries", "quadrant_weights", "sv_vs_m"):
         assert any(row["reached"] for row in summary), f"{name} --quick should reach zero training error"
+    if name == "sv_vs_m":
+        _check_summary_events(tmp_path, name)
     if name == "quadrant_weights":
         assert (tmp_path / "quadrant_weights_boundary.png").is_file()
         assert 0.5 < summary[0]["path_positive_mass_fraction"] <= 1
+
+
+def _check_summary_events(out: Path, name: str) -> None:
+    """The summary is figures with error bars and the table, no scalars over the swept parameter."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (out / "tensorboard" / "summary").glob("events.out.tfevents.*")
+    tags = EventAccumulator(str(events)).Reload().Tags()
+    assert not tags["scalars"]
+    assert {f"{name}/figure", f"{name}/sweep/support_fraction", f"{name}/sweep/n_support"} <= set(tags["images"])
 
 
 def test_cnn_fc_depth_quick(cnn_run):
@@ -114,3 +126,56 @@ def test_parse_quick_means_one_trial(tmp_path):
     assert isinstance(args, argparse.Namespace) and args.trials == 1 and args.batch_size == 20
     assert args.max_epochs == 100 and args.optimizer == "adam"
     assert (tmp_path / "o").is_dir()
+
+
+def test_read_csv_parses_booleans(tmp_path):
+    rows = read_csv(write_csv([{"random_labels": False, "m": 1}, {"random_labels": True, "m": 2}], tmp_path / "b.csv"))
+    assert [row["random_labels"] for row in rows] == [False, True]
+
+
+def test_figure_flags(tmp_path):
+    from lightning_nsv.experiments import example_parser, figure_options, parse
+
+    parser = example_parser("x", "doc")
+    args = parse(parser, ["--out", str(tmp_path / "o")])
+    assert figure_options(args) == {"formats": ("png", "pdf"), "dpi": 200}
+    args = parse(parser, ["--out", str(tmp_path / "o"), "--format", "SVG, png", "--dpi", "300"])
+    assert figure_options(args) == {"formats": ("svg", "png"), "dpi": 300}
+    with pytest.raises(SystemExit):
+        parse(parser, ["--out", str(tmp_path / "o"), "--format", "png,jpg"])
+
+
+@pytest.mark.parametrize("name", ["sv_vs_m", "random_labels", "bound_vs_depth", "agreement_table",
+                                  "unique_patterns"])
+def test_replot_draws_the_summary_csv_again(examples, name, tmp_path):
+    keys = {"random_labels": [{"random_labels": r, "m": m} for r in (False, True) for m in (100, 200)],
+            "bound_vs_depth": [{"depth": d} for d in (1, 2)], "agreement_table": [{"fc_depth": d} for d in (1, 2)]}
+    metrics = ["support_fraction", "n_support", "compression_bound", "ns_over_m", "val_error_network",
+               "unique_patterns_train", "unique_patterns_val", "val_errors_network", "val_errors_svm",
+               "val_errors_both", "val_agreement"]
+    summary = [{**point, "trials": 3, "reached": 3, "n_val": 359,
+                **{metric: 0.5 + k for metric in metrics}, **{f"{metric}_std": 0.1 for metric in metrics}}
+               for k, point in enumerate(keys.get(name, [{"m": 100}, {"m": 200}]))]
+    write_csv(summary, tmp_path / f"{name}.csv")
+    examples(name).main(["--replot", "--out", str(tmp_path), "--format", "png,svg", "--dpi", "150"])
+    assert (tmp_path / f"{name}.png").stat().st_size > 0 and (tmp_path / f"{name}.svg").stat().st_size > 0
+    assert not (tmp_path / "tensorboard").exists() and not (tmp_path / f"{name}_trials.csv").exists()
+
+
+def test_replot_without_csv_says_what_it_reads(examples, tmp_path):
+    with pytest.raises(FileNotFoundError, match="sv_vs_width.csv"):
+        examples("sv_vs_width").main(["--replot", "--out", str(tmp_path)])
+
+
+def test_screenshot_tool_serves_on_localhost_only():
+    sys.path.insert(0, str(EXAMPLES.parent / "tools"))
+    try:
+        tool = importlib.import_module("tensorboard_screenshots")
+    finally:
+        sys.path.remove(str(EXAMPLES.parent / "tools"))
+    port = tool.free_port()
+    command = tool.tensorboard_command("runs", port)
+    assert command[command.index("--host") + 1] == "127.0.0.1" and "--bind_all" not in command
+    assert command[command.index("--port") + 1] == str(port) and 1024 <= port < 65536
+    with pytest.raises(ValueError, match="tabs can be"):
+        tool.take_screenshots("runs", "out", tabs=["graphs"])

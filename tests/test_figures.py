@@ -6,15 +6,20 @@ import pytest
 import torch
 
 from lightning_nsv.plotting import (
+    CARD_WIDTH,
     agreement_counts,
+    alpha_histogram,
     data_extent,
     decision_grid,
+    error_bar_caption,
+    image_grid,
     max_margin_decision,
     plot_agreement,
     plot_decision_boundaries,
     plot_path_weights,
     plot_sweep,
     plot_unique_patterns,
+    short_number,
 )
 from lightning_nsv.max_margin import max_margin
 from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_signs
@@ -78,6 +83,9 @@ def test_decision_grid_against_direct_computation(bias):
     assert grid.agreement == np.mean((grid.network >= 0) == (grid.svm >= 0))
     fig, axes = plot_decision_boundaries(grid, x, (y > 0).long(), sv)
     assert len(axes) == 2 and all(ax.collections for ax in axes)
+    assert all(ax.get_xlabel() == "input x₁" and ax.get_ylabel() == "input x₂" for ax in axes)
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert {"class −1", "class +1", f"{len(sv)} support vectors"} <= set(legend)
     plt.close(fig)
 
 
@@ -115,4 +123,60 @@ def test_sweep_and_pattern_plots():
     plt.close(fig)
     fig, ax = plot_unique_patterns(rows, n_test=359)
     assert ax.get_yscale() == "log" and len(ax.get_legend().get_texts()) == 4
+    plt.close(fig)
+
+
+def test_image_grid_shows_few_large_tiles_and_says_how_many():
+    fig, axes = image_grid(torch.rand(64, 1, 8, 8), [f"α={k}" for k in range(64)], total=148)
+    shown = [ax for ax in axes.flat if ax.images]
+    assert len(shown) == 32 and axes.shape[1] == 6
+    assert fig._suptitle.get_text() == "top 32 of 148 support vectors by α"
+    assert fig.get_figwidth() == CARD_WIDTH and shown[0].get_title() == "α=0"
+    plt.close(fig)
+    fig, axes = image_grid(torch.rand(10, 3, 4, 4))
+    assert axes.shape == (3, 4) and fig._suptitle.get_text() == "all 10 support vectors by α"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="max_images"):
+        image_grid(torch.rand(2, 1, 4, 4), max_images=0)
+
+
+@pytest.mark.parametrize("low, high", [(1e-7, 30.0), (0.41, 0.93), (2e-3, 2.5e-3)])
+def test_alpha_histogram_labels_few_decades_without_overlap(low, high):
+    alpha = np.geomspace(low, high, 50)
+    fig, ax = alpha_histogram(alpha)
+    fig.canvas.draw()
+    assert ax.get_xscale() == "log" and ax.get_title() == "α of 50 support vectors"
+    labels = [t for t in ax.get_xticklabels() if t.get_text() and t.get_visible()
+              and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+    assert 2 <= len(labels) <= 6
+    assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda box: box.x0)
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:]))
+    plt.close(fig)
+
+
+def test_short_number_and_error_bar_caption():
+    assert [short_number(v) for v in (0.00123, 0.5, 12.0, 4.6e5, 0.0)] == ["1.2e-3", "0.5", "12", "4.6e5", "0"]
+    rows = [{"m": 100, "reached": 3}, {"m": 200, "reached": 2}, {"m": 400, "reached": 3}]
+    assert error_bar_caption(rows, "m") == "mean ± 1 sd over 3 seeds (2 at m = 200)"
+    assert error_bar_caption(rows[:1]) == "mean ± 1 sd over 3 seeds"
+    fig, ax = plot_sweep(rows, "m", {"reached": "seeds"}, xlabel="m", ylabel="seeds", logx=True)
+    assert ax.get_legend().get_title().get_text() == "mean ± 1 sd over 3 seeds (2 at m = 200)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["100", "200", "400"]
+    plt.close(fig)
+
+
+def test_save_figures_writes_every_format_at_the_resolution(tmp_path):
+    from PIL import Image
+
+    from lightning_nsv.experiments import save_figures
+
+    fig, _ = plot_sweep([{"m": 1, "s": 2.0}, {"m": 2, "s": 3.0}], "m", {"s": "s"}, xlabel="m", ylabel="s")
+    paths = save_figures(fig, tmp_path / "sweep", formats=("png", "pdf", "svg"), dpi=180)
+    assert [p.name for p in paths] == ["sweep.png", "sweep.pdf", "sweep.svg"]
+    assert paths[1].read_bytes().startswith(b"%PDF") and b"<svg" in paths[2].read_bytes()[:2000]
+    with Image.open(paths[0]) as image:
+        assert image.mode == "RGBA" and round(image.info["dpi"][0]) == 180
+        assert image.width > 0.8 * CARD_WIDTH * 180
+    assert not list(tmp_path.glob(".*.tmp"))
     plt.close(fig)
