@@ -1,9 +1,12 @@
 import logging
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_nsv.artifacts import load_support_vectors
 from lightning_nsv.cli import main
 from lightning_nsv.compat import PACKAGE
 
@@ -78,3 +81,29 @@ def test_distribution_declares_the_console_script_and_dependencies():
     required = {r.split(">")[0].split("[")[0].strip().lower() for r in dist.requires if "extra ==" not in r}
     assert {"pytorch-lightning", "torch", "torchvision", "scikit-learn", "torchmetrics", "tensorboard",
             "matplotlib"} <= required
+
+
+def test_analyze_a_saved_checkpoint_without_training(tmp_path, capsys):
+    common = [f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
+              f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=300",
+              "--trainer.enable_progress_bar=false"]
+    main(["fit", *common, "--threads=1"])
+    fitted = tmp_path / "tensorboard" / "version_0"
+    assert "_instantiator" not in (fitted / "hparams.yaml").read_text()
+    checkpoint = next((fitted / "checkpoints").glob("*.ckpt"))
+    capsys.readouterr()
+    main(["analyze", *common, f"--ckpt_path={checkpoint}"])
+    assert "network support vectors:" in capsys.readouterr().out
+    trained, analysed = (load_support_vectors(next((tmp_path / "tensorboard" / v / "nsv").glob("*.pt")))
+                         for v in ("version_0", "version_1"))
+    assert trained.epoch == analysed.epoch
+    assert torch.equal(trained.support, analysed.support)
+    torch.testing.assert_close(trained.alpha, analysed.alpha, rtol=1e-12, atol=0)
+    scalars = EventAccumulator(str(tmp_path / "tensorboard" / "version_1")).Reload().Tags()["scalars"]
+    assert "nsv/n_support" in scalars
+
+
+def test_analyze_needs_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="needs --ckpt_path"):
+        main(["analyze", f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
+              f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=50"])

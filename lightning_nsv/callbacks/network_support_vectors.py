@@ -164,6 +164,8 @@ class NetworkSupportVectors(Callback):
         self._path: PathPart | None = None
         self._kept: list[tuple[Tensor, Tensor]] = []
         self._warned: set[str] = set()
+        self._diverged = False
+        self._epoch: int | None = None
 
     @property
     def state_key(self) -> str:
@@ -213,11 +215,13 @@ class NetworkSupportVectors(Callback):
         wrong = int(trainer.strategy.reduce(torch.tensor(float(wrong)), reduce_op="sum"))
         epochs = trainer.current_epoch
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
+            advice = ("The network produced non-finite values (see the warning above): fix that first." if
+                      self._diverged else "Train longer (resume from the last checkpoint with a larger max_epochs), "
+                      "raise the learning rate or widen the network.")
             rank_zero_warn(
                 f"NetworkSupportVectors: zero training error was not reached within max_epochs={trainer.max_epochs} "
                 f"({wrong} of {len(dataset)} training samples misclassified at the end), so there are no network "
-                "support vectors. Train longer (resume from the last checkpoint with a larger max_epochs), raise "
-                "the learning rate or widen the network."
+                f"support vectors. {advice}"
             )
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
@@ -276,6 +280,12 @@ class NetworkSupportVectors(Callback):
                 f"{self._path.name} has one output; the module must return that logit unchanged"
             )
         precision = output.dtype if output.is_floating_point() else torch.float32
+        if precision not in (torch.float32, torch.float64):
+            self._warn_once(
+                f"NetworkSupportVectors: {type(pl_module).__name__} computes in {precision}; the analysis evaluates "
+                "its head in float64 from these rounded weights, so its own outputs may differ in sign on samples "
+                "within rounding of the decision boundary. Train with precision='32-true' for an exact match."
+            )
         eps = torch.finfo(precision).eps
         scale = float(head.abs().max()) if len(head) else 1.0
         close = torch.allclose(output[:, 0].double().cpu(), head, rtol=max(1e-4, 64 * eps),
@@ -319,27 +329,51 @@ class NetworkSupportVectors(Callback):
             self._warned.add(message)
             rank_zero_warn(message)
 
-    def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def analyze_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> bool:
+        """Check zero training error and, where it holds, run the analysis once (``lightning-nsv analyze``).
+
+        ``epoch`` names the files and the logs (the checkpoint's epoch). Returns whether zero error holds.
+        """
+        self._epoch = epoch
+        try:
+            reached = self._run_check(trainer, pl_module)
+        finally:
+            self._epoch = None
+        if not reached:
+            dataset = self._train_dataset(trainer)
+            with eval_mode(pl_module), torch.no_grad():
+                wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
+                                         pl_module, stop_early=False))
+            wrong = int(trainer.strategy.reduce(torch.tensor(float(wrong)), reduce_op="sum"))
+            rank_zero_warn(
+                f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
+                "samples, so there are no network support vectors; analyse a checkpoint taken at zero training error"
+            )
+        return reached
+
+    def _current_epoch(self, trainer: pl.Trainer) -> int:
+        return trainer.current_epoch if self._epoch is None else self._epoch
+
+    def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         dataset = self._train_dataset(trainer)
         net = self._path.path_network()
         non_finite = _first_non_finite_parameter(pl_module)
         if non_finite is not None:
-            self._warn_once(f"NetworkSupportVectors: {non_finite} at epoch {trainer.current_epoch}: {_DIVERGED} "
-                            "Zero training error cannot hold, no analysis runs and no file is written.")
+            self._warn_diverged(non_finite)
             clean = False
         else:
             with eval_mode(pl_module), torch.no_grad():
                 clean = self._zero_error_here(trainer, dataset, net, pl_module)
         reached = trainer.strategy.reduce_boolean_decision(clean, all=True)
         if not reached:
-            return
+            return False
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
         if trainer.is_global_zero:
             metrics = self._analyse(trainer, pl_module, dataset, net, directory)
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
-            self.zero_error_epoch = trainer.current_epoch
+            self.zero_error_epoch = self._current_epoch(trainer)
         self._record(metrics, trainer)
         for key, value in metrics.items():
             pl_module.log(f"nsv/{key}", value, on_step=False, on_epoch=True)
@@ -347,6 +381,7 @@ class NetworkSupportVectors(Callback):
         pl_module.log("nsv/zero_error_reached", 1.0, on_step=False, on_epoch=True)
         if self.stop_on_zero_error:
             trainer.should_stop = True
+        return True
 
     def _record(self, metrics: dict[str, float], trainer: pl.Trainer) -> None:
         support = metrics.pop("_support", None)
@@ -356,7 +391,7 @@ class NetworkSupportVectors(Callback):
                 metrics["support_jaccard_previous"] = len(previous & set(support)) / len(previous | set(support))
             self._previous_support = list(support)
         self.metrics = metrics
-        self.history.append({"epoch": float(trainer.current_epoch), **metrics})
+        self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
                 keep: list | None = None) -> list[int]:
@@ -372,26 +407,36 @@ class NetworkSupportVectors(Callback):
             margins = signed_labels(y) * outputs
             bad = ~(margins > 0)
             if not torch.isfinite(outputs).all():
-                self._explain_non_finite(x, outputs, chunk)
+                self._explain_non_finite(x, outputs, chunk, pl_module)
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
             if wrong and stop_early:
                 break
         return wrong
 
-    def _explain_non_finite(self, x: Tensor, outputs: Tensor, chunk: list[int]) -> None:
+    def _explain_non_finite(self, x: Tensor, outputs: Tensor, chunk: list[int], pl_module) -> None:
         row = int((~torch.isfinite(outputs)).nonzero()[0])
+        parameter = _first_non_finite_parameter(pl_module)
+        if parameter is not None:
+            self._warn_diverged(parameter)
+            return
         if not torch.isfinite(x[row]).all():
             cause = (f"training sample {chunk[row]} holds NaN/inf inputs; clean the data (drop or repair that "
-                     "sample) — it counts as misclassified")
+                     "sample) — it counts as misclassified, so zero training error cannot be reached")
         else:
             cause = (f"the network's output is {float(outputs[row])} on training sample {chunk[row]} although its "
                      f"inputs and weights are finite: the trunk or head overflowed ({_DIVERGED})")
+        self._diverged = True
         self._warn_once(f"NetworkSupportVectors: {cause}")
+
+    def _warn_diverged(self, parameter: str) -> None:
+        self._diverged = True
+        self._warn_once(f"NetworkSupportVectors: {parameter}: {_DIVERGED}. Zero training error cannot hold, so no "
+                        "analysis runs and no file is written.")
 
     def _zero_error_here(self, trainer: pl.Trainer, dataset: Dataset, net, pl_module) -> bool:
         """Whether every training sample of this rank's shard has ``y·N(x) > 0``."""
         shard = self._shard(trainer, len(dataset))
-        generator = torch.Generator().manual_seed(self.seed + trainer.current_epoch)
+        generator = torch.Generator().manual_seed(self.seed + self._current_epoch(trainer))
         probe = [shard[i] for i in torch.randperm(len(shard), generator=generator)[: self.probe_size].tolist()]
         for indices in (self._hard, probe):
             wrong = self._errors(dataset, indices, net, pl_module) if indices else []
@@ -426,7 +471,8 @@ class NetworkSupportVectors(Callback):
         m = len(y_train)
         dense = self.intercept or self.kernel == "dense" or (self.kernel == "auto" and 8 * m * m <= self.max_dense_bytes)
         how = "dense path kernel" if dense else "path kernel columns of candidate support vectors"
-        self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {trainer.current_epoch} on all {m} "
+        epoch = self._current_epoch(trainer)
+        self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
         analysis = network_support_vectors(
@@ -440,7 +486,7 @@ class NetworkSupportVectors(Callback):
         step = trainer.global_step
         self._save(trainer, pl_module, directory, analysis, y_train, net)
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
-        sink.text("nsv/report", _markdown_report(trainer.current_epoch, analysis), step)
+        sink.text("nsv/report", _markdown_report(epoch, analysis), step)
         _register_hparams(trainer, pl_module, analysis.to_metrics())
         self._log_figures(trainer, dataset, analysis, sink)
         self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
@@ -478,7 +524,7 @@ class NetworkSupportVectors(Callback):
             "data_class": class_path(datamodule),
             "data_hparams": plain(dict(datamodule.hparams)) if getattr(datamodule, "hparams", None) else None,
             "train_indices": None if source is None else torch.as_tensor(source),
-            "epoch": trainer.current_epoch,
+            "epoch": self._current_epoch(trainer),
             "global_step": trainer.global_step,
             "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
                        "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
@@ -486,7 +532,7 @@ class NetworkSupportVectors(Callback):
                        "kkt_residual": analysis.svm.kkt_residual, "iterations": analysis.svm.iterations},
             "metrics": analysis.to_metrics(),
         }
-        return save_support_vectors(directory, f"support_vectors_epoch{trainer.current_epoch}", payload,
+        return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
                                     report=analysis.report())
 
     def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
