@@ -20,7 +20,10 @@ from typing import Callable
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.lapack
 import torch
+
+from lightning_nsv.threads import single_threaded_blas
 
 __all__ = ["MaxMarginResult", "NotSeparableError", "max_margin"]
 
@@ -91,8 +94,14 @@ def _validate(kernel_diag: np.ndarray, y: np.ndarray) -> np.ndarray:
     values = set(np.unique(y).tolist())
     if not values <= {-1, 1}:
         raise ValueError(f"labels must be -1 or +1, got values {sorted(values)}")
-    if not np.all(np.isfinite(kernel_diag)) or np.any(kernel_diag <= 0):
-        raise ValueError("kernel diagonal must be finite and positive (a zero sample has no margin)")
+    bad = np.flatnonzero(~np.isfinite(kernel_diag))
+    if len(bad):
+        raise ValueError(f"kernel diagonal is NaN or inf at sample {bad[0]} ({len(bad)} samples in all): that "
+                         "sample's inputs or the network hold non-finite values")
+    bad = np.flatnonzero(kernel_diag <= 0)
+    if len(bad):
+        raise ValueError(f"kernel diagonal must be finite and positive, got {kernel_diag[bad[0]]:.3g} at sample "
+                         f"{bad[0]} ({len(bad)} samples in all): a zero sample has no margin; remove it")
     return y.astype(np.float64)
 
 
@@ -144,7 +153,7 @@ def max_margin(
     if intercept:
         full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
-    return _active_set(lambda idx: columns(idx) / scale, y, scale, tol, max_iter, initial)
+    return _active_set(columns, y, scale, tol, max_iter, initial)
 
 
 def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterations, method, slack=1e-6):
@@ -194,50 +203,52 @@ def _svc_with_intercept(kernel_n: np.ndarray, y: np.ndarray, scale: float, C: fl
 
 
 class _FreeSet:
-    """Free set F of the active-set method with the Cholesky factor of ``Q_FF`` and the columns ``Q[:, F]``.
+    """Free set F of the active-set method: the Cholesky factor of ``Q_FF`` and the columns ``Q[:, F]``.
 
-    Both live in buffers that grow geometrically, so that adding and removing members copies only the
-    trailing part.
+    Columns are kept in the blocks they were computed in (no copies as F grows); a removed member's column
+    stays in its block with weight zero until more than half of the stored columns are dead.
     """
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], m: int) -> None:
         self.q_columns = q_columns
+        self.m = m
         self.index: list[int] = []
-        self.slot: list[int] = []  # column of self._cols that holds member k's column of Q
-        self._spare: list[int] = []  # columns of self._cols freed by removals, reused by additions
-        self._n_slots = 0
-        self._cols = np.empty((m, 0), order="F")
-        self._chol = np.empty((0, 0))
+        self._blocks: list[np.ndarray] = []  # (m, b) arrays of columns of Q
+        self._where: list[tuple[int, int]] = []  # (block, column) of member k
+        self._chol = np.zeros((0, 0))
 
     def __len__(self) -> int:
         return len(self.index)
-
-    def q_times(self, alpha: np.ndarray) -> np.ndarray:
-        """``Q[:, F] @ alpha`` without gathering the stored columns into free-set order."""
-        weights = np.zeros(self._n_slots)
-        weights[self.slot] = alpha
-        return self._cols[:, : self._n_slots] @ weights
 
     @property
     def chol(self) -> np.ndarray:
         return self._chol[: len(self), : len(self)]
 
-    def _reserve(self, size: int, slots: int) -> None:
-        if size > self._chol.shape[0]:
-            capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
-            chol = np.zeros((capacity, capacity), order="F")
-            chol[:n, :n] = self.chol
-            self._chol = chol
-        if slots > self._cols.shape[1]:
-            capacity = max(slots, 2 * self._cols.shape[1], 64)
-            cols = np.empty((self._cols.shape[0], capacity), order="F")
-            cols[:, : self._n_slots] = self._cols[:, : self._n_slots]
-            self._cols = cols
+    def q_times(self, alpha: np.ndarray) -> np.ndarray:
+        """``Q[:, F] @ alpha``."""
+        weights = [np.zeros(block.shape[1]) for block in self._blocks]
+        for (b, c), a in zip(self._where, alpha):
+            weights[b][c] = a
+        out = np.zeros(self.m)
+        for block, w in zip(self._blocks, weights):
+            out += block @ w
+        return out
+
+    def solve(self, rhs: np.ndarray) -> np.ndarray:
+        """``Q_FF⁻¹ rhs``."""
+        if not len(self):
+            return rhs
+        return scipy.linalg.cho_solve((self.chol, True), rhs, check_finite=False)
 
     def solve_ones(self) -> np.ndarray:
-        """``Q_FF⁻¹ 1``."""
-        ones = np.ones(len(self))
-        return scipy.linalg.cho_solve((self.chol, True), ones, check_finite=False) if len(self) else ones
+        return self.solve(np.ones(len(self)))
+
+    def _reserve(self, size: int) -> None:
+        if size > self._chol.shape[0]:
+            capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
+            chol = np.zeros((capacity, capacity))
+            chol[:n, :n] = self.chol
+            self._chol = chol
 
     def try_add(self, new: np.ndarray, new_cols: np.ndarray) -> bool:
         """Append ``new`` unless that makes ``Q_FF`` (numerically) singular."""
@@ -251,49 +262,78 @@ class _FreeSet:
         if np.min(np.diag(l22)) ** 2 <= 1e-10 * np.max(np.diag(q_bb)):
             return False
         n, b = len(self), len(new)
-        reused, self._spare = self._spare[:b], self._spare[b:]
-        fresh = list(range(self._n_slots, self._n_slots + b - len(reused)))
-        self._reserve(n + b, self._n_slots + len(fresh))
-        self._n_slots += len(fresh)
+        self._reserve(n + b)
         self._chol[n:n + b, :n], self._chol[n:n + b, n:n + b] = w.T, l22
-        slots = reused + fresh
-        if reused:
-            self._cols[:, slots] = new_cols
-        else:
-            self._cols[:, fresh[0]:fresh[0] + b] = new_cols
-        self.slot += slots
+        self._blocks.append(new_cols)
+        self._where += [(len(self._blocks) - 1, c) for c in range(b)]
         self.index += new.tolist()
         return True
 
-    def remove(self, position: int) -> None:
-        """Delete one member; the trailing block of the factor takes a rank-one update."""
-        n, p = len(self), position
-        x = self._chol[p + 1:n, p].copy()
-        chol = self._chol
-        chol[p:n - 1, :n] = chol[p + 1:n, :n]
-        chol[:n - 1, p:n - 1] = chol[:n - 1, p + 1:n]
-        chol[n - 1, :n] = 0.0
-        chol[:n, n - 1] = 0.0
-        tail = chol[p:n - 1, p:n - 1]
-        for k in range(x.shape[0]):
-            r = math.hypot(tail[k, k], x[k])
-            c, s = r / tail[k, k], x[k] / tail[k, k]
-            tail[k, k] = r
-            tail[k + 1:, k] = (tail[k + 1:, k] + s * x[k + 1:]) / c
-            x[k + 1:] = c * x[k + 1:] - s * tail[k + 1:, k]
-        self._spare.append(self.slot.pop(p))
-        del self.index[p]
+    def remove(self, positions: np.ndarray) -> None:
+        """Delete members. The kept rows after the first deleted one, ``M = [L_KK | L_KD]``, span the new trailing
+        block ``M Mᵀ``: a triangular-pentagonal QR (LAPACK ``tpqrt``) of ``[L_KKᵀ; L_KDᵀ]`` gives its factor in
+        ``O(k·r²)`` for ``k`` deleted and ``r`` trailing members."""
+        positions = np.unique(np.asarray(positions, dtype=np.int64))
+        if not len(positions):
+            return
+        n, p = len(self), int(positions[0])
+        keep = np.setdiff1d(np.arange(n), positions)
+        after = keep[keep > p]
+        r, chol = len(after), self._chol
+        if r:
+            head = chol[np.ix_(after, np.arange(p))]
+            upper = chol[np.ix_(after, after)].T  # F-contiguous, upper triangular
+            pentagon = chol[np.ix_(after, positions)].T
+            upper, *_, info = scipy.linalg.lapack.dtpqrt(0, min(32, r), upper, pentagon, overwrite_a=1, overwrite_b=1)
+            if info != 0:
+                raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
+            tail = (upper * np.sign(np.diag(upper))[:, None]).T
+            chol[p:p + r, :p], chol[p:p + r, p:p + r] = head, np.tril(tail)
+            chol[p:p + r, p + r:n] = 0.0
+        chol[p + r:n, :n] = 0.0
+        self.index = [self.index[k] for k in keep]
+        self._where = [self._where[k] for k in keep]
+        self._compact()
+
+    def _compact(self) -> None:
+        stored = sum(block.shape[1] for block in self._blocks)
+        if stored <= 2 * len(self) + 64:
+            return
+        columns = np.empty((self.m, len(self)), order="F")
+        for k, (b, c) in enumerate(self._where):
+            columns[:, k] = self._blocks[b][:, c]
+        self._blocks = [columns]
+        self._where = [(0, k) for k in range(len(self))]
 
 
 def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
+    with single_threaded_blas():
+        return _active_set_loop(kernel_columns, y, scale, tol, max_iter, initial)
+
+
+def _active_set_loop(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
     m = y.shape[0]
-    q_columns = lambda idx: kernel_columns(idx) * y[:, None] * y[idx][None, :]  # noqa: E731
+
+    def q_columns(idx):
+        cols = np.asarray(kernel_columns(idx), dtype=np.float64)
+        if not np.all(np.isfinite(cols)):
+            bad = np.flatnonzero(~np.all(np.isfinite(cols), axis=1))
+            raise ValueError(f"kernel columns hold NaN or inf in row {bad[0]} ({len(bad)} rows in all): sample "
+                             f"{bad[0]} has non-finite values (check the inputs and the network)")
+        cols = np.multiply(cols, y[:, None], order="F")  # a copy: the caller's array stays untouched
+        cols *= (y[idx] / scale)[None, :]
+        return cols
+
     free = _FreeSet(q_columns, m)
     alpha = np.zeros(0)
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
     pending = None if initial is None else np.unique(np.asarray(initial, dtype=np.int64))
+    if pending is not None and len(pending) and (pending.min() < 0 or pending.max() >= m):
+        raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
+                         f"[{pending.min()}, {pending.max()}]")
     max_iter = 10 * m if max_iter is None else max_iter
+    refinements = 0
     for iteration in range(1, max_iter + 1):
         in_free = np.zeros(m, dtype=bool)
         in_free[free.index] = True
@@ -301,28 +341,23 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginRe
             candidates, pending = pending[~in_free[pending]], None
         else:
             violation = np.where(in_free, 0.0, -gradient)
-            order = np.argsort(-violation)[:batch]
+            order = np.argpartition(-violation, min(batch, m - 1))[:batch]
+            order = order[np.argsort(-violation[order])]
             candidates = order[violation[order] > tol]
         if len(candidates) == 0:
-            break
+            # optimal up to the factor's rounding: refine α on the free set against the exact columns
+            residual = np.max(np.abs(gradient[free.index]), initial=0.0)
+            if residual <= tol or refinements >= 3:
+                break
+            refinements += 1
+            alpha = _refine(free, alpha, gradient)
+            gradient = free.q_times(alpha) - 1.0
+            continue
         size_before = len(free)
-        if not _add(free, candidates, alpha):
+        if not _add(free, candidates):
             alpha = _singular_step(free, candidates[0], alpha)
         alpha = np.concatenate([alpha, np.zeros(len(free) - len(alpha))])
-        while True:
-            target = free.solve_ones()
-            if np.all(target > 0):
-                alpha = target
-                break
-            blocking = target <= 0
-            ratios = np.where(blocking, alpha / np.maximum(alpha - target, 1e-300), np.inf)
-            first = int(np.argmin(ratios))
-            alpha = alpha + ratios[first] * (target - alpha)
-            alpha[first] = 0.0
-            drop = blocking & (alpha <= 1e-14 * alpha.max(initial=1.0))
-            for position in np.flatnonzero(drop)[::-1]:
-                free.remove(position)
-            alpha = np.clip(alpha[~drop], 0.0, None)
+        alpha = _descend(free, alpha)
         if len(free) <= size_before:
             batch = max(1, batch // 2)
         gradient = free.q_times(alpha) - 1.0
@@ -336,17 +371,49 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginRe
     alpha_full[free.index] = alpha
     margins = gradient + 1.0
     kkt = max(float(np.max(np.clip(-gradient, 0, None))), float(np.max(np.abs(gradient[free.index]), initial=0)))
+    if kkt > max(tol, 1e-10):
+        warnings.warn(
+            f"the active-set solution reached a KKT residual of {kkt:.1e} (asked for {tol:.0e}): the kernel on "
+            f"the {len(free)} support vectors is nearly singular (near-duplicate samples?). Deduplicate the "
+            "data or pass a larger `tol`.",
+            stacklevel=3,
+        )
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
 
 
-def _add(free: _FreeSet, candidates: np.ndarray, alpha: np.ndarray) -> bool:
+def _descend(free: _FreeSet, alpha: np.ndarray) -> np.ndarray:
+    """Move from feasible ``alpha`` towards ``Q_FF⁻¹ 1``, dropping members whose coefficient reaches zero."""
+    while True:
+        target = free.solve_ones()
+        if np.all(target > 0):
+            return target
+        blocking = target <= 0
+        ratios = np.full(len(alpha), np.inf)
+        step_room = alpha[blocking] - target[blocking]  # >= alpha >= 0 where blocking
+        ratios[blocking] = np.where(step_room > 0, alpha[blocking] / np.where(step_room > 0, step_room, 1.0), 0.0)
+        first = int(np.argmin(ratios))
+        alpha = alpha + min(ratios[first], 1.0) * (target - alpha)
+        alpha[first] = 0.0
+        drop = blocking & (alpha <= 1e-14 * alpha.max(initial=1.0))
+        free.remove(np.flatnonzero(drop))
+        alpha = np.clip(alpha[~drop], 0.0, None)
+
+
+def _refine(free: _FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+    """One step of iterative refinement ``α_F ← α_F − Q_FF⁻¹ (Q_FF α_F − 1)``, residual from the exact columns;
+    coefficients that would turn negative are left to the next active-set step."""
+    refined = alpha - free.solve(gradient[free.index])
+    return refined if np.all(refined > 0) else np.where(refined > 0, refined, alpha)
+
+
+def _add(free: _FreeSet, candidates: np.ndarray) -> bool:
     """Add the candidates as a block, else one by one; ``False`` when the first one is dependent on F."""
     cols = free.q_columns(candidates)
     if free.try_add(candidates, cols):
         return True
     added = False
     for j, col in zip(candidates, cols.T):
-        added |= free.try_add(np.array([j]), col[:, None])
+        added |= free.try_add(np.array([j]), col[:, None].copy(order="F"))
     return added
 
 
@@ -364,7 +431,7 @@ def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
     position = int(np.argmin(ratios))
     step = ratios[position]
     alpha = alpha - step * coef
-    free.remove(position)
+    free.remove(np.array([position]))
     alpha = np.delete(alpha, position)
     if not free.try_add(np.array([j]), col):
         raise NotSeparableError(f"could not admit sample {j} to the free set after a degenerate step")

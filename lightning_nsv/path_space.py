@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "PathKernelColumns",
     "PathNetwork",
     "PathSigns",
     "forward_with_slopes",
@@ -30,7 +31,8 @@ __all__ = [
 
 def slopes(z: Tensor, beta: float, gamma: float) -> Tensor:
     """Slope of ``rho(z) = gamma*z (z >= 0), beta*z (z < 0)`` at each pre-activation: ``gamma`` at ``z == 0``."""
-    return torch.where(z >= 0, torch.tensor(gamma, dtype=z.dtype), torch.tensor(beta, dtype=z.dtype))
+    return torch.where(z >= 0, torch.tensor(gamma, dtype=z.dtype, device=z.device),
+                       torch.tensor(beta, dtype=z.dtype, device=z.device))
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def path_kernel(
     n_a, n_b = x_a.shape[0], x_b.shape[0]
     if block_size is None:
         block_size = max(1, (1 << 22) // max(n_b, 1))
-    kernel = torch.empty(n_a, n_b, dtype=x_a.dtype)
+    kernel = torch.empty(n_a, n_b, dtype=x_a.dtype, device=x_a.device)
     x_b = x_b.to(x_a.dtype)
     slopes_b = [s.to(x_a.dtype) for s in slopes_b]
     for start in range(0, n_a, block_size):
@@ -212,6 +214,75 @@ def path_kernel(
         if symmetric:
             kernel[start + block_size:, rows] = kernel[rows, start + block_size:].T
     return kernel
+
+
+class PathKernelColumns:
+    """Columns ``K[:, idx]`` of the path kernel of one training set, computed on demand.
+
+    The slope Gram matrices come from one product of 0/1 indicators per layer in float32: with ``P_l`` the
+    indicator of ``z >= 0`` (slope ``gamma``) and ``c_l`` its row sums,
+    ``G_l = (gamma − beta)² P_l P_lᵀ + beta(gamma − beta)(c_l,i + c_l,j) + beta² Ω_l``; the counts ``P_l P_lᵀ``
+    are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
+    The input Gram ``X Xᵀ[:, idx]`` stays in the analysis dtype. Everything runs on the device of ``x``.
+
+    Cost per call: ``O(m·b·(f + Σ Ω_l))`` for ``b`` columns; memory ``O(m·b)`` plus ``x`` and the indicators.
+    """
+
+    def __init__(self, x: Tensor, layer_slopes: Sequence[Tensor], betas: Sequence[float],
+                 gammas: Sequence[float], *, bias: bool = False) -> None:
+        if not len(layer_slopes) == len(betas) == len(gammas):
+            raise ValueError(f"need slopes, betas and gammas per hidden layer, got {len(layer_slopes)}, "
+                             f"{len(betas)} and {len(gammas)}")
+        widest = max((s.shape[1] for s in layer_slopes), default=0)
+        if widest >= 1 << 24:
+            raise ValueError(f"a hidden layer of {widest} units is too wide for exact float32 counts (< 2**24)")
+        self.x = x.reshape(x.shape[0], -1)
+        self.bias = bias
+        self.betas, self.gammas = tuple(map(float, betas)), tuple(map(float, gammas))
+        self.indicators = [(s == g).to(torch.float32) for s, g in zip(layer_slopes, self.gammas)]
+        self.counts = [p.sum(1).to(self.x.dtype) for p in self.indicators]
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def slope_gram(self, layer: int, idx: Tensor) -> Tensor:
+        """``G_l[idx, :]`` (transposed: rows are the requested samples)."""
+        p, c = self.indicators[layer], self.counts[layer]
+        beta, gamma = self.betas[layer], self.gammas[layer]
+        gram = (p[idx] @ p.T).to(self.x.dtype)
+        if beta == 0.0:
+            return gram.mul_(gamma * gamma) if gamma != 1.0 else gram
+        gram.mul_((gamma - beta) ** 2)
+        gram += beta * (gamma - beta) * (c[idx][:, None] + c[None, :])
+        return gram.add_(beta * beta * p.shape[1])
+
+    def _integer_counts(self) -> bool:
+        """ReLU-type layers (``beta = 0``) without biases: the product of the counts is an integer ``<= Π Ω_l``,
+        exact in float32 below ``2**24``."""
+        return (not self.bias and all(b == 0.0 for b in self.betas)
+                and math.prod(p.shape[1] for p in self.indicators) < 1 << 24)
+
+    def rows(self, idx) -> Tensor:
+        """``K[idx, :] = K[:, idx]ᵀ``, shape ``(len(idx), m)``, on the device of ``x``."""
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.x.device)
+        input_gram = self.x[idx] @ self.x.T
+        if self._integer_counts():
+            counts = None
+            for p in self.indicators:
+                counts = p[idx] @ p.T if counts is None else counts.mul_(p[idx] @ p.T)
+            if counts is not None:
+                input_gram *= counts
+            return input_gram.mul_(math.prod(g * g for g in self.gammas)) if any(g != 1 for g in self.gammas) \
+                else input_gram
+        return _combine(input_gram, [self.slope_gram(k, idx) for k in range(len(self.indicators))], self.bias)
+
+    def __call__(self, idx) -> Tensor:
+        """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""
+        return self.rows(idx).T
+
+    def numpy(self, idx):
+        """``K[:, idx]`` as a float64 numpy array in Fortran order (the solver's columns)."""
+        return self.rows(idx).to("cpu", torch.float64).numpy().T
 
 
 def path_norm_squared(net: PathNetwork) -> float:

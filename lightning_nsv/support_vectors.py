@@ -5,6 +5,7 @@ Pure functions over a :class:`~lightning_nsv.path_space.PathNetwork` and tensors
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
 from lightning_nsv.path_space import (
+    PathKernelColumns,
     PathNetwork,
     PathSigns,
     forward_with_slopes,
@@ -25,6 +27,7 @@ from lightning_nsv.path_space import (
 )
 
 __all__ = [
+    "NonFiniteError",
     "SupportVectorAnalysis",
     "compression_bound",
     "max_margin_decision",
@@ -35,11 +38,16 @@ __all__ = [
 KERNEL_MODES = ("auto", "dense", "columns")
 
 
+class NonFiniteError(ValueError):
+    """Weights, inputs or outputs of the analysis hold NaN or inf."""
+
+
 def signed_labels(y: Tensor) -> Tensor:
     """Labels in ``{-1, +1}`` from ``{0, 1}``, booleans or ``{-1, +1}``."""
     values = set(torch.unique(y).tolist())
     if not values <= {0, 1, -1}:
-        raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)}")
+        raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)[:10]}: class labels, "
+                         "not scores or probabilities (threshold those first)")
     return torch.where(y > 0, 1.0, -1.0).to(torch.float64)
 
 
@@ -95,7 +103,8 @@ def max_margin_decision(
     if slopes_x is None:
         slopes_x = forward_with_slopes(net, x)[1]
     kernel = path_kernel(x, slopes_x, x_support, slopes_support, bias=net.biases is not None, block_size=block_size)
-    coef = torch.as_tensor(np.asarray(alpha_support), dtype=net.dtype) * signed_labels(y_support).to(net.dtype)
+    coef = torch.as_tensor(np.asarray(alpha_support), dtype=net.dtype, device=kernel.device)
+    coef = coef * signed_labels(y_support).to(kernel.device, net.dtype)
     return kernel @ coef + intercept
 
 
@@ -194,14 +203,16 @@ def network_support_vectors(
     kernel: str = "auto",
     max_dense_bytes: int = 4 << 30,
     block_size: int | None = None,
+    initial: Sequence[int] | np.ndarray | Tensor | None = None,
 ) -> SupportVectorAnalysis:
     """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
-    Cost: with ``kernel="dense"`` the ``m×m`` path kernel in float64 (``8·m²`` bytes, ``O(m²·(f + Σ Ω_l))``
-    time); with ``kernel="columns"`` only the columns of samples that enter the solver's free set
-    (``8·m·s'`` bytes for ``s'`` of them, the smallest network margins tried first). ``"auto"`` takes the
-    dense kernel up to ``max_dense_bytes`` and columns above (the intercept protocol always needs the
-    dense kernel). Validation needs the kernel between validation samples and support vectors only.
+    Cost: with ``kernel="columns"`` only the kernel columns of samples that enter the solver's free set
+    (``8·m·s'`` bytes for ``s'`` of them, ``O(m·s'·(f + Σ Ω_l))`` time); with ``kernel="dense"`` the ``m×m``
+    path kernel in float64 (``8·m²`` bytes, m = 60,000: 28.8 GB; ``O(m²·(f + Σ Ω_l))`` time). ``"auto"`` takes
+    columns for the problem through the origin (faster at every size measured) and the dense kernel for the
+    intercept protocol, which needs it, up to ``max_dense_bytes``. Validation needs the kernel between validation
+    samples and support vectors only. Computations run on the device of ``x_train``; the solver on the CPU.
 
     Args:
         net: the path part at the frozen weights.
@@ -212,62 +223,145 @@ def network_support_vectors(
         delta: confidence of the compression bound.
         kernel: ``"auto"``, ``"dense"`` or ``"columns"`` (see Cost).
         max_dense_bytes: largest dense kernel ``"auto"`` builds.
-        block_size: rows per block of the kernel computation.
+        block_size: rows per block of the dense kernel computation.
+        initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
+            (a warm start); default: the ``⌊√m⌋`` smallest network margins ``y·N(x)``.
 
     Raises:
+        NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
         NotSeparableError: when ``y·N(x) <= 0`` for a training sample (Assumption 1 fails). A sample with
             ``N(x) = 0`` counts as an error here: it has no margin, whatever ``sign(0)`` says.
+        ValueError: on labels, options or a dense kernel that does not fit in memory.
     """
-    y = signed_labels(y_train)
-    outputs, slopes_train = forward_with_slopes(net, x_train)
-    errors = int((y * outputs <= 0).sum())
-    if errors:
-        on_boundary = int((outputs == 0).sum())
-        raise NotSeparableError(
-            f"the network misclassifies {errors} of {len(y)} training samples ({on_boundary} of them with "
-            "N(x) = 0, e.g. all units of a layer inactive): the support-vector analysis needs y·N(x) > 0 on "
-            "every training sample (Assumption 1)"
-        )
-    x_train = x_train.to(net.dtype).reshape(len(y), -1)
-    bias = net.biases is not None
     if kernel not in KERNEL_MODES:
         raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
-    dense = intercept or kernel == "dense" or (kernel == "auto" and 8 * len(y) ** 2 <= max_dense_bytes)
+    if not max_dense_bytes >= 1:
+        raise ValueError(f"`max_dense_bytes` must be at least 1, got {max_dense_bytes}")
+    _check_finite_network(net)
+    device = x_train.device
+    x_train = x_train.reshape(len(x_train), -1)
+    _check_finite_samples(x_train, "training inputs")
+    y = signed_labels(y_train).to(device)
+    if len(y) != len(x_train):
+        raise ValueError(f"x_train has {len(x_train)} samples and y_train {len(y)}")
+    if intercept and len(torch.unique(y)) < 2:
+        raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
+                         f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
+    on_device = _network_on(net, device)
+    outputs, slopes_train = forward_with_slopes(on_device, x_train)
+    _check_finite_samples(outputs[:, None], "network outputs")
+    errors = int((y * outputs <= 0).sum())
+    if errors:
+        raise NotSeparableError(_misclassified_message(x_train, y, outputs, errors))
+    x_train = x_train.to(net.dtype)
+    bias = net.biases is not None
+    m = len(y)
+    dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
+    dense = intercept or kernel == "dense"
     if dense:
+        _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept)
         svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C)
     else:
-        def columns(idx):
-            idx = torch.as_tensor(idx)
-            return path_kernel(x_train, slopes_train, x_train[idx], [s[idx] for s in slopes_train], bias=bias,
-                               block_size=block_size).numpy()
-
-        closest = torch.argsort(y * outputs)[: int(math.sqrt(len(y)))].numpy()
-        svm = max_margin(columns, y, kernel_diag=path_kernel_diagonal(x_train, slopes_train, bias=bias).numpy(),
-                         initial=closest)
+        columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias)
+        if initial is None:
+            initial = torch.argsort(y * outputs)[: int(math.sqrt(m))].cpu().numpy()
+        initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
+        diag = path_kernel_diagonal(x_train, slopes_train, bias=bias)
+        svm = max_margin(columns.numpy, y, kernel_diag=diag.cpu().numpy(), initial=initial)
 
     wbar_norm = math.sqrt(path_norm_squared(net))
+    y_cpu, outputs_cpu = y.cpu(), outputs.cpu().to(torch.float64)
     alpha = torch.from_numpy(svm.alpha_)
-    wbar_dot_v = float((alpha * y * outputs).sum())
+    wbar_dot_v = float((alpha * y_cpu * outputs_cpu).sum())
     cosine = wbar_dot_v / (wbar_norm * math.sqrt(svm.norm_v_sq))
-    network_margin = float((y * outputs).min()) / wbar_norm
+    network_margin = float((y_cpu * outputs_cpu).min()) / wbar_norm
     n_hidden = sum(net.hidden_widths)
     analysis = dict(
         svm=svm,
-        m=len(y),
+        m=m,
         n_hidden=n_hidden,
         network_margin=network_margin,
         margin_ratio=network_margin / svm.margin,
         cosine=cosine,
         wbar_norm=wbar_norm,
         unique_patterns_train=unique_patterns(slopes_train, gammas=net.gammas),
-        bound=compression_bound(len(y), svm.n_support_, n_hidden, delta),
+        bound=compression_bound(m, svm.n_support_, n_hidden, delta),
         delta=delta,
         signs=path_signs(net),
     )
     if x_val is not None:
-        analysis.update(_validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size))
+        _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
+        analysis.update(_validation(on_device, x_train, slopes_train, y, svm, x_val.to(device), y_val, block_size))
     return SupportVectorAnalysis(**analysis)
+
+
+def _network_on(net: PathNetwork, device: torch.device) -> PathNetwork:
+    if net.weights[0].device == device:
+        return net
+    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+    return PathNetwork(move(net.weights), None if net.biases is None else move(net.biases), net.betas, net.gammas)
+
+
+def _check_finite_network(net: PathNetwork) -> None:
+    for name, tensors in (("weights", net.weights), ("biases", net.biases or ())):
+        for k, t in enumerate(tensors):
+            if not bool(torch.isfinite(t).all()):
+                kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+                raise NonFiniteError(f"{name}[{k}] holds {kind}: the network has diverged (lower the learning "
+                                     "rate or clip gradients); no support-vector analysis of non-finite weights")
+
+
+def _check_finite_samples(values: Tensor, what: str) -> None:
+    finite = torch.isfinite(values).all(1)
+    if not bool(finite.all()):
+        first = int(torch.nonzero(~finite)[0, 0])
+        cause = ("the data hold NaN or inf" if what.endswith("inputs")
+                 else "the network overflows on it (has it diverged?) or the data hold NaN or inf")
+        raise NonFiniteError(f"{what} are not finite at sample {first} ({int((~finite).sum())} samples in all): "
+                             f"{cause}")
+
+
+def _misclassified_message(x: Tensor, y: Tensor, outputs: Tensor, errors: int) -> str:
+    on_boundary = int((outputs == 0).sum())
+    message = (f"the network misclassifies {errors} of {len(y)} training samples ({on_boundary} of them with "
+               "N(x) = 0, e.g. all units of a layer inactive): the support-vector analysis needs y·N(x) > 0 on "
+               "every training sample (Assumption 1)")
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
+    seen: dict[tuple[int, float], int] = {}
+    for i, key in enumerate(zip(inverse.tolist(), y.tolist())):
+        other = seen.get((key[0], -key[1]))
+        if other is not None:
+            return (f"samples {other} and {i} have the same input and opposite labels: no classifier separates "
+                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
+        seen.setdefault(key, i)
+    return message
+
+
+def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool) -> None:
+    need = f"the dense kernel needs {nbytes / 1e9:.1f} GB for m={m:,}"
+    fix = ("use kernel='columns' (the problem through the origin)" if not intercept
+           else "the intercept protocol needs the dense kernel; use intercept=False with kernel='columns'")
+    if limit is not None and nbytes > limit:
+        raise ValueError(f"{need}, above max_dense_bytes={limit:,}; {fix} or raise max_dense_bytes")
+    available = available_memory_bytes()
+    if available is not None and nbytes > available:
+        raise ValueError(f"{need}, more than the {available / 1e9:.1f} GB of memory available; {fix}")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory available to new allocations (``MemAvailable`` of ``/proc/meminfo``, else physical pages)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size) -> dict:
@@ -276,15 +370,15 @@ def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size) ->
     decision = max_margin_decision(net, x_train[sv], y[sv], svm.alpha_[svm.support_], x_val, svm.intercept_,
                                    block_size=block_size, slopes_support=[s[sv] for s in slopes_train],
                                    slopes_x=slopes_val)
-    svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
-    net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to(torch.float64)
+    svm_pred = torch.where(decision >= 0, 1.0, -1.0).to("cpu", torch.float64)
+    net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to("cpu", torch.float64)
     result = {
         "unique_patterns_val": unique_patterns(slopes_val, gammas=net.gammas),
         "val_agreement": float((svm_pred == net_pred).to(torch.float64).mean()) if len(net_pred) else float("nan"),
         "val_predictions": (net_pred, svm_pred),
     }
     if y_val is not None:
-        target = signed_labels(y_val)
+        target = signed_labels(y_val).cpu()
         net_wrong, svm_wrong = net_pred != target, svm_pred != target
         result.update(
             val_errors_network=int(net_wrong.sum()),
