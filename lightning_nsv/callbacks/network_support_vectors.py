@@ -359,7 +359,7 @@ class NetworkSupportVectors(Callback):
         net = self._path.path_network()
         non_finite = _first_non_finite_parameter(pl_module)
         if non_finite is not None:
-            self._warn_diverged(non_finite)
+            self._warn_diverged(non_finite, dataset)
             clean = False
         else:
             with eval_mode(pl_module), torch.no_grad():
@@ -428,10 +428,12 @@ class NetworkSupportVectors(Callback):
         self._diverged = True
         self._warn_once(f"NetworkSupportVectors: {cause}")
 
-    def _warn_diverged(self, parameter: str) -> None:
+    def _warn_diverged(self, parameter: str, dataset: Dataset | None = None) -> None:
         self._diverged = True
-        self._warn_once(f"NetworkSupportVectors: {parameter}: {_DIVERGED}. Zero training error cannot hold, so no "
-                        "analysis runs and no file is written.")
+        sample = _first_non_finite_sample(dataset)
+        data = "" if sample is None else f" Training sample {sample} holds NaN/inf inputs: clean the data first."
+        self._warn_once(f"NetworkSupportVectors: {parameter}: {_DIVERGED}.{data} Zero training error cannot hold, so "
+                        "no analysis runs and no file is written.")
 
     def _zero_error_here(self, trainer: pl.Trainer, dataset: Dataset, net, pl_module) -> bool:
         """Whether every training sample of this rank's shard has ``y·N(x) > 0``."""
@@ -586,6 +588,15 @@ def _first_non_finite_parameter(module: torch.nn.Module) -> str | None:
             kind = "NaN" if torch.isnan(parameter).any() else "inf"
             return f"parameter {name} holds {kind} ({int((~finite).sum())} of {parameter.numel()} entries)"
     return None
+
+
+def _first_non_finite_sample(dataset: Dataset | None) -> int | None:
+    """Index of the first training sample with NaN/inf inputs, for in-memory (TensorDataset-like) data."""
+    tensors = getattr(dataset, "tensors", None)
+    if not tensors or not tensors[0].is_floating_point():
+        return None
+    bad = (~torch.isfinite(tensors[0].reshape(len(tensors[0]), -1))).any(1).nonzero()
+    return int(bad[0]) if len(bad) else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -64,8 +64,9 @@ class FigureSink:
 
     def _announce(self, what: str) -> None:
         if not self._announced:
-            others = sorted({type(lg).__name__ for lg in self.loggers}) or ["no logger"]
-            rank_zero_info(f"{self.owner}: {what} go to {self.directory} ({', '.join(others)} cannot show them)")
+            names = sorted({type(lg).__name__ for lg in self.loggers})
+            where = f"({', '.join(names)} cannot show them)" if names else "(no logger is attached)"
+            rank_zero_info(f"{self.owner}: {what} go to {self.directory} {where}")
             self._announced = True
 
     def figure(self, tag: str, figure: Any, step: int) -> None:
