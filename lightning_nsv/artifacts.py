@@ -214,7 +214,8 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
 
     The module is rebuilt from its class and init arguments (or ``module``, whose weights are replaced by the
     saved ones), the training set from the data module's class and init arguments (or ``datamodule``), and the
-    max-margin classifier is fitted again with the saved solver settings.
+    max-margin classifier is fitted again with the saved solver settings (validation included, where the data
+    module has a validation set).
 
     Raises:
         ArtifactMismatchError: when the rebuilt training set or network outputs differ from the saved ones.
@@ -239,17 +240,20 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
             torch.as_tensor(indices), artifact.train_indices):
         raise ArtifactMismatchError("the rebuilt data module draws other training samples than the saved ones")
     path = find_path_part(module, artifact.path_module, artifact.embedding)
-    dataset = datamodule.train_dataset
-    with eval_mode(module), torch.no_grad():
-        parts = []
-        for start in range(0, len(dataset), batch_size):
-            x, y = dataset[start:start + batch_size]
-            parts.append((path.embed(x), y))
-    x_train, y_train = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def embedded(dataset):
+        with eval_mode(module), torch.no_grad():
+            parts = [(path.embed(dataset[i:i + batch_size][0]), dataset[i:i + batch_size][1])
+                     for i in range(0, len(dataset), batch_size)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    x_train, y_train = embedded(datamodule.train_dataset)
     if not torch.equal(signed_labels(y_train), artifact.labels):
         raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
+    val = getattr(datamodule, "val_dataset", None)
+    x_val, y_val = embedded(val) if val is not None and len(val) else (None, None)
     solver = artifact.solver
     return network_support_vectors(
-        path.path_network(), x_train, y_train, intercept=solver["intercept"], C=solver["C"],
+        path.path_network(), x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
         kernel=solver["kernel"], max_dense_bytes=solver["max_dense_bytes"],
     )

@@ -19,4 +19,5 @@ if __name__ == "__main__":
                 datamodule=DigitsDataModule(m=200, seed=0, batch_size=25))
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump({"zero_error_epoch": callback.zero_error_epoch, "metrics": callback.metrics,
-                   "analysed_here": callback.analysis is not None, "stopped_after": trainer.current_epoch}, f)
+                   "analysed_here": callback.analysis is not None, "stopped_after": trainer.current_epoch,
+                   "val_loss": float(trainer.callback_metrics["val_loss"])}, f)

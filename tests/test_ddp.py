@@ -4,6 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from lightning_nsv.artifacts import load_support_vectors, reproduce
+
 
 def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -17,4 +22,12 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
     assert rank0["stopped_after"] == rank1["stopped_after"] == rank0["zero_error_epoch"] + 1
     assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
     assert rank0["analysed_here"] and not rank1["analysed_here"]
-    assert len(list((tmp_path / "nsv").glob("*.pt"))) == 1
+    assert rank0["val_loss"] == rank1["val_loss"]  # an epoch aggregate synchronised across ranks
+    results = list((tmp_path / "nsv").glob("*.pt"))
+    assert len(results) == 1
+    # one process on the same frozen weights gives the same support set, α and numbers
+    artifact = load_support_vectors(results[0])
+    single = reproduce(artifact)
+    assert torch.equal(torch.from_numpy(single.svm.support_), artifact.support)
+    torch.testing.assert_close(torch.from_numpy(single.svm.alpha_), artifact.alpha, rtol=1e-10, atol=0)
+    assert rank0["metrics"] == pytest.approx(single.to_metrics(), rel=1e-10)
