@@ -39,6 +39,7 @@ __all__ = [
     "MulticlassSupportVectorAnalysis",
     "OneVsRestResult",
     "centred_gram",
+    "class_labels",
     "multiclass_decision",
     "multiclass_max_margin",
     "multiclass_support_vectors",

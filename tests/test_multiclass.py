@@ -218,6 +218,10 @@ def test_two_classes_give_the_binary_answer():
     assert multi.cosine == pytest.approx(binary.cosine, rel=1e-9)
     assert multi.val_agreement == binary.val_agreement
     assert multi.val_errors_svm == binary.val_errors_svm
+    ovr = multiclass_support_vectors(net, x, y, method="ovr").svm  # class 1 against 0 and its mirror image
+    for k in range(2):
+        np.testing.assert_allclose(ovr.alpha_[:, k], binary.svm.alpha_, rtol=1e-8,
+                                   atol=1e-12 * binary.svm.alpha_.max())
 
 
 def test_one_vs_rest_against_binary_max_margin_and_nnls():
