@@ -2,6 +2,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,9 +221,14 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     callback = NetworkSupportVectors(stop_on_zero_error=False, every_n_epochs=2)
     run = trainer(tmp_path, callback, max_epochs=32)
     run.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01), datamodule=data)
-    ratios = scalars(Path(run.logger.log_dir))["nsv/margin_ratio"]
+    logged = scalars(Path(run.logger.log_dir))
+    ratios = logged["nsv/margin_ratio"]
     assert len(ratios) >= 2
     assert all(0 < r <= 1 for r in ratios)
+    assert len(logged["nsv/support_jaccard_previous"]) == len(ratios) - 1  # from the second analysis on
+    assert all(0 <= j <= 1 for j in logged["nsv/support_jaccard_previous"])
+    assert [h["epoch"] for h in callback.history] == [float(e) for e in range(callback.zero_error_epoch, 32, 2)][
+        : len(ratios)]
     assert len(list((Path(run.logger.log_dir) / "nsv").glob("*.pt"))) == len(ratios)
 
 
@@ -294,3 +300,35 @@ def test_callback_passes_over_the_data_leave_the_global_rng_alone():
     torch.manual_seed(0)
     x, y = callback._embed_all(data.train_dataset, model)
     assert x.shape == (100, 64) and torch.equal(torch.rand(3), expected)
+
+
+def _resume_run(tmp_path, stop_at=None):
+    """Digits to zero error, either straight or stopped at epoch ``stop_at`` and resumed from its checkpoint."""
+    pl.seed_everything(0)
+    data, callback = DigitsDataModule(m=300, seed=0, batch_size=50), NetworkSupportVectors()
+    model = LeakyReLUMLP(widths=[32, 32], lr=0.05)
+    if stop_at is None:
+        run = trainer(tmp_path, callback, max_epochs=80, logger=False)
+        run.fit(model, datamodule=data)
+        return callback
+    first = trainer(tmp_path, callback, max_epochs=stop_at, logger=False, enable_checkpointing=True)
+    first.fit(model, datamodule=data)
+    assert callback.zero_error_epoch is None, "stop before zero error for this test"
+    checkpoint = first.checkpoint_callback.best_model_path
+    torch.load(checkpoint, weights_only=True)
+    pl.seed_everything(123)  # the resumed run must not depend on the global seed
+    resumed = NetworkSupportVectors()
+    trainer(tmp_path, resumed, max_epochs=80, logger=False).fit(
+        LeakyReLUMLP(widths=[32, 32], lr=0.05), datamodule=DigitsDataModule(m=300, seed=0, batch_size=50),
+        ckpt_path=checkpoint)
+    return resumed
+
+
+def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
+    straight = _resume_run(tmp_path / "straight")
+    resumed = _resume_run(tmp_path / "resumed", stop_at=5)
+    assert straight.zero_error_epoch is not None
+    assert resumed.zero_error_epoch == straight.zero_error_epoch
+    assert resumed.metrics == straight.metrics  # the same logged values, to the last bit
+    assert np.array_equal(resumed.analysis.svm.support_, straight.analysis.svm.support_)  # Jaccard 1.0
+    assert np.array_equal(resumed.analysis.svm.alpha_, straight.analysis.svm.alpha_)

@@ -1,8 +1,6 @@
 """Network support vectors of a Leaky-ReLU-family classifier, as soon as it reaches zero training error."""
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -56,9 +54,9 @@ class NetworkSupportVectors(Callback):
     DDP each rank checks its share of the training set, the decision is reduced across ranks, rank 0 runs the
     analysis and broadcasts the numbers, and every rank logs them.
 
-    Cost: the dense float64 path kernel, ``8·m²`` bytes (m = 20,000: 3.2 GB), or with ``kernel="columns"``
-    only the ``m×s'`` columns of the ``s'`` samples that enter the solver's free set. A repeated analysis
-    (``stop_on_zero_error=False``) starts from the previous support set.
+    Cost: by default only the ``m×s'`` float64 kernel columns of the ``s'`` samples that enter the solver's free
+    set; ``kernel="dense"`` (and the intercept protocol) the whole ``m×m`` kernel, ``8·m²`` bytes (m = 20,000:
+    3.2 GB). A repeated analysis (``stop_on_zero_error=False``) starts from the previous support set.
 
     Args:
         every_n_epochs: Check zero training error every this many epochs.
@@ -70,7 +68,8 @@ class NetworkSupportVectors(Callback):
         C: Penalty of the intercept protocol on the kernel normalised by its mean diagonal.
         delta: Confidence of the compression bound.
         kernel: ``"dense"`` path kernel, ``"columns"`` computed on demand for candidate support vectors
-            only, or ``"auto"``: dense up to ``max_dense_bytes``, columns above.
+            only, or ``"auto"``: columns through the origin, the dense kernel for ``intercept=True`` (which
+            needs it) up to ``max_dense_bytes``.
         max_dense_bytes: Largest dense kernel ``"auto"`` builds (default 4 GiB, m ≈ 23,000).
         path_module: Dotted name of the ``nn.Sequential`` head, when the module has several.
         embedding: Dotted name of a trunk applied before the head.
@@ -399,7 +398,7 @@ class NetworkSupportVectors(Callback):
         wrong = []
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
-            x, y = _collate([dataset[i] for i in chunk])
+            x, y = _gather(dataset, chunk)
             embedded = self._path.embed(x.to(pl_module.device)).cpu()
             if keep is not None:
                 keep.append((embedded, y))
@@ -471,7 +470,7 @@ class NetworkSupportVectors(Callback):
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
         m = len(y_train)
-        dense = self.intercept or self.kernel == "dense" or (self.kernel == "auto" and 8 * m * m <= self.max_dense_bytes)
+        dense = self.intercept or self.kernel == "dense"
         how = "dense path kernel" if dense else "path kernel columns of candidate support vectors"
         epoch = self._current_epoch(trainer)
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
@@ -480,7 +479,7 @@ class NetworkSupportVectors(Callback):
         analysis = network_support_vectors(
             net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
             kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-            **({"initial": self._previous_support} if self._previous_support and _takes_initial() else {}),
+            initial=self._previous_support or None,
         )
         self.analysis = analysis
         self._say(trainer, f"NetworkSupportVectors: analysis done in {time.perf_counter() - started:.1f} s\n"
@@ -548,7 +547,7 @@ class NetworkSupportVectors(Callback):
         order = support[alpha.argsort()[::-1][: self.max_images]]
         if not len(order):
             return
-        images, labels = _collate([dataset[int(i)] for i in order])
+        images, labels = _gather(dataset, [int(i) for i in order])
         if images.dim() == 4:
             titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
             sink.figure("nsv/support_vectors", image_grid(images, titles)[0], step)
@@ -568,8 +567,13 @@ class NetworkSupportVectors(Callback):
             sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
 
 
-def _collate(items: list) -> tuple[Tensor, Tensor]:
-    xs, ys = zip(*[_split_batch(item) for item in items])
+def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
+    """``(inputs, labels)`` of the samples at ``indices``: sliced from in-memory tensors, else item by item."""
+    tensors = getattr(dataset, "tensors", None)
+    if isinstance(tensors, (tuple, list)) and len(tensors) >= 2:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return tensors[0][index], tensors[1][index]
+    xs, ys = zip(*[_split_batch(dataset[i]) for i in indices])
     return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
 
 
@@ -597,11 +601,6 @@ def _first_non_finite_sample(dataset: Dataset | None) -> int | None:
         return None
     bad = (~torch.isfinite(tensors[0].reshape(len(tensors[0]), -1))).any(1).nonzero()
     return int(bad[0]) if len(bad) else None
-
-
-@functools.lru_cache(maxsize=1)
-def _takes_initial() -> bool:
-    return "initial" in inspect.signature(network_support_vectors).parameters
 
 
 def _markdown_report(epoch: int, analysis: SupportVectorAnalysis) -> str:
