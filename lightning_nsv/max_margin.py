@@ -222,7 +222,8 @@ class _FreeSet:
 
     @property
     def chol(self) -> np.ndarray:
-        return self._chol[: len(self), : len(self)]
+        """Lower Cholesky factor of ``Q_FF``, exactly ``n×n`` and Fortran-ordered so that LAPACK reads it in place."""
+        return self._chol
 
     def q_times(self, alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] @ alpha``."""
@@ -243,13 +244,6 @@ class _FreeSet:
     def solve_ones(self) -> np.ndarray:
         return self.solve(np.ones(len(self)))
 
-    def _reserve(self, size: int) -> None:
-        if size > self._chol.shape[0]:
-            capacity, n = max(size, 2 * self._chol.shape[0], 64), len(self)
-            chol = np.zeros((capacity, capacity))
-            chol[:n, :n] = self.chol
-            self._chol = chol
-
     def try_add(self, new: np.ndarray, new_cols: np.ndarray) -> bool:
         """Append ``new`` unless that makes ``Q_FF`` (numerically) singular."""
         q_fb, q_bb = new_cols[self.index], new_cols[new]
@@ -262,8 +256,9 @@ class _FreeSet:
         if np.min(np.diag(l22)) ** 2 <= 1e-10 * np.max(np.diag(q_bb)):
             return False
         n, b = len(self), len(new)
-        self._reserve(n + b)
-        self._chol[n:n + b, :n], self._chol[n:n + b, n:n + b] = w.T, l22
+        chol = np.zeros((n + b, n + b), order="F")
+        chol[:n, :n], chol[n:, :n], chol[n:, n:] = self._chol, w.T, l22
+        self._chol = chol
         self._blocks.append(new_cols)
         self._where += [(len(self._blocks) - 1, c) for c in range(b)]
         self.index += new.tolist()
@@ -280,30 +275,40 @@ class _FreeSet:
         keep = np.setdiff1d(np.arange(n), positions)
         after = keep[keep > p]
         r, chol = len(after), self._chol
+        factor = np.zeros((len(keep), len(keep)), order="F")
+        factor[:p, :p] = chol[:p, :p]
         if r:
-            head = chol[np.ix_(after, np.arange(p))]
+            factor[p:, :p] = chol[np.ix_(after, np.arange(p))]
             upper = chol[np.ix_(after, after)].T  # F-contiguous, upper triangular
             pentagon = chol[np.ix_(after, positions)].T
             upper, *_, info = scipy.linalg.lapack.dtpqrt(0, min(32, r), upper, pentagon, overwrite_a=1, overwrite_b=1)
             if info != 0:
                 raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
-            tail = (upper * np.sign(np.diag(upper))[:, None]).T
-            chol[p:p + r, :p], chol[p:p + r, p:p + r] = head, np.tril(tail)
-            chol[p:p + r, p + r:n] = 0.0
-        chol[p + r:n, :n] = 0.0
+            factor[p:, p:] = (upper * np.sign(np.diag(upper))[:, None]).T  # strictly lower part of `upper` is 0
+        self._chol = factor
         self.index = [self.index[k] for k in keep]
         self._where = [self._where[k] for k in keep]
         self._compact()
 
     def _compact(self) -> None:
+        """Drop dead columns, one block at a time (memory peaks at one block more)."""
         stored = sum(block.shape[1] for block in self._blocks)
-        if stored <= 2 * len(self) + 64:
+        if stored <= len(self) + max(64, len(self) // 8):
             return
-        columns = np.empty((self.m, len(self)), order="F")
-        for k, (b, c) in enumerate(self._where):
-            columns[:, k] = self._blocks[b][:, c]
-        self._blocks = [columns]
-        self._where = [(0, k) for k in range(len(self))]
+        live: dict[int, list[int]] = {}
+        for b, c in self._where:
+            live.setdefault(b, []).append(c)
+        renumber, blocks = {}, []
+        for b, block in enumerate(self._blocks):
+            if b not in live:
+                continue
+            columns = sorted(live[b])
+            kept = block if len(columns) == block.shape[1] else np.asfortranarray(block[:, columns])
+            self._blocks[b] = None  # free the old block before the next copy
+            renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
+            blocks.append(kept)
+        self._blocks = blocks
+        self._where = [renumber[w] for w in self._where]
 
 
 def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
