@@ -1,0 +1,142 @@
+"""Fast paths of the analysis against the dense reference, accuracy on near-degenerate data, and bad input."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_nsv.max_margin import NotSeparableError, max_margin
+from lightning_nsv.path_space import PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel
+from lightning_nsv.support_vectors import NonFiniteError, network_support_vectors, signed_labels
+from tests.test_path_space import random_net
+from tests.test_support_vectors import self_labelled
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
+def test_kernel_columns_equal_the_dense_kernel(bias, beta):
+    net = random_net((5, 4, 3), in_features=6, beta=beta, bias=bias, gamma=1.0 if beta else 1.5, seed=2)
+    x = torch.randn(80, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    _, layer_slopes = forward_with_slopes(net, x)
+    dense = path_kernel(x, layer_slopes, bias=bias)
+    columns = PathKernelColumns(x, layer_slopes, net.betas, net.gammas, bias=bias)
+    idx = np.array([5, 0, 79, 5])
+    np.testing.assert_allclose(columns.numpy(idx), dense[:, idx].numpy(), rtol=1e-14, atol=1e-14 * float(dense.max()))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
+def test_columns_path_gives_the_dense_solution(bias, beta):
+    net = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=4)
+    x, y = self_labelled(net, 400, seed=5)
+    dense = network_support_vectors(net, x, y, kernel="dense").svm
+    lazy = network_support_vectors(net, x, y, kernel="columns").svm
+    assert lazy.method == dense.method == "active-set"
+    np.testing.assert_array_equal(lazy.support_, dense.support_)
+    np.testing.assert_allclose(lazy.alpha_, dense.alpha_, rtol=1e-9, atol=1e-9 * dense.alpha_.max())
+    assert lazy.margin == pytest.approx(dense.margin, rel=1e-9)
+    assert lazy.kkt_residual <= 1e-10 and dense.kkt_residual <= 1e-10
+
+
+def test_warm_start_from_a_previous_support_gives_the_same_solution():
+    net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
+    x, y = self_labelled(net, 400, seed=7)
+    cold = network_support_vectors(net, x, y).svm
+    rng = np.random.default_rng(0)
+    previous = np.union1d(cold.support_[rng.random(cold.n_support_) < 0.8], rng.choice(len(y), 20, replace=False))
+    warm = network_support_vectors(net, x, y, initial=previous).svm
+    np.testing.assert_array_equal(warm.support_, cold.support_)
+    np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
+    with pytest.raises(ValueError, match="`initial` must hold sample indices in \\[0, "):
+        network_support_vectors(net, x, y, initial=[len(y)])
+
+
+def test_zero_one_and_signed_labels_give_identical_results():
+    net = random_net((4, 3), in_features=4, beta=0.1, seed=8)
+    x, y01 = self_labelled(net, 200, seed=9)
+    a = network_support_vectors(net, x, y01).svm
+    b = network_support_vectors(net, x, 2 * y01 - 1).svm
+    np.testing.assert_array_equal(a.alpha_, b.alpha_)
+
+
+def test_near_degenerate_data_reach_kkt_without_warnings():
+    net = random_net((8, 6), in_features=6, beta=0.0, bias=False, seed=10)
+    x, y = self_labelled(net, 300, seed=11)
+    noise = 1e-9 * torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    x2, y2 = torch.cat([x, x + noise, x - noise]), torch.cat([y, y, y])
+    assert bool((signed_labels(y2) * forward_with_slopes(net, x2)[0] > 0).all())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dense = network_support_vectors(net, x2, y2, kernel="dense").svm
+        lazy = network_support_vectors(net, x2, y2, kernel="columns").svm
+    assert dense.kkt_residual <= 1e-10 and lazy.kkt_residual <= 1e-10
+    assert lazy.margin == pytest.approx(dense.margin, rel=1e-9)
+
+
+def test_non_finite_network_and_data_are_named():
+    net = random_net((3, 2), in_features=3, bias=True, seed=0)
+    x, y = self_labelled(net, 30, seed=1)
+    bad_weights = list(net.weights)
+    bad_weights[1] = bad_weights[1].clone()
+    bad_weights[1][0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="weights\\[1\\] holds NaN: the network has diverged"):
+        network_support_vectors(PathNetwork(tuple(bad_weights), net.biases, net.betas, net.gammas), x, y)
+    bad_biases = list(net.biases)
+    bad_biases[0] = torch.full_like(bad_biases[0], float("inf"))
+    with pytest.raises(NonFiniteError, match="biases\\[0\\] holds inf"):
+        network_support_vectors(PathNetwork(net.weights, tuple(bad_biases), net.betas, net.gammas), x, y)
+    x_bad = x.clone()
+    x_bad[7, 1] = float("nan")
+    with pytest.raises(NonFiniteError, match="training inputs are not finite at sample 7 .*data hold NaN or inf"):
+        network_support_vectors(net, x_bad, y)
+    huge = PathNetwork(tuple(w * 1e120 for w in net.weights), None, net.betas, net.gammas)
+    with pytest.raises(NonFiniteError, match="network outputs are not finite at sample 0 .*diverged"):
+        network_support_vectors(huge, x, y)
+    assert issubclass(NonFiniteError, ValueError)
+
+
+def test_nan_sample_reaching_max_margin_is_named():
+    kernel = np.eye(4) + 0.1
+    kernel[2, 2] = np.nan
+    with pytest.raises(ValueError, match="kernel diagonal is NaN or inf at sample 2"):
+        max_margin(kernel, np.array([1, -1, 1, -1]))
+    columns = lambda idx: np.where(np.arange(4)[:, None] == 3, np.nan, (np.eye(4) + 0.1)[:, idx])  # noqa: E731
+    with pytest.raises(ValueError, match="kernel columns hold NaN or inf in row 3"):
+        max_margin(columns, np.array([1, -1, 1, -1]), kernel_diag=np.full(4, 1.1))
+
+
+def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
+    net = random_net((3,), in_features=3, seed=0)
+    x, y = self_labelled(net, 50, seed=1)
+    with pytest.raises(ValueError, match="needs 0.0 GB for m=50, above max_dense_bytes=100; .*use intercept=False with kernel='columns'"):
+        network_support_vectors(net, x, y, kernel="auto", intercept=True, max_dense_bytes=100)
+    with pytest.raises(ValueError, match="`max_dense_bytes` must be at least 1, got 0"):
+        network_support_vectors(net, x, y, max_dense_bytes=0)
+    from lightning_nsv import support_vectors
+
+    original = support_vectors.available_memory_bytes
+    support_vectors.available_memory_bytes = lambda: 1000
+    try:
+        with pytest.raises(ValueError, match="more than the 0.0 GB of memory available; use kernel='columns'"):
+            network_support_vectors(net, x, y, kernel="dense")
+    finally:
+        support_vectors.available_memory_bytes = original
+
+
+def test_labels_intercept_and_duplicates_are_refused_clearly():
+    net = random_net((3,), in_features=3, seed=0)
+    x, y = self_labelled(net, 30, seed=1)
+    with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0.0, 0.5, 1.0\\]"):
+        signed_labels(torch.tensor([0.0, 0.5, 1.0]))
+    positive = forward_with_slopes(net, x)[0] > 0
+    with pytest.raises(ValueError, match="intercept=True needs samples of both classes, got only label 1"):
+        network_support_vectors(net, x[positive], torch.ones(int(positive.sum())), intercept=True)
+    x_dup, y_dup = torch.cat([x, x[:1]]), torch.cat([y, 1 - y[:1]])
+    with pytest.raises(NotSeparableError, match=f"samples 0 and {len(y)} have the same input and opposite labels"):
+        network_support_vectors(net, x_dup, y_dup)
+
+
+def test_solver_on_duplicates_with_opposite_labels_says_not_separable():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    with pytest.raises(NotSeparableError, match="not separable through the origin"):
+        max_margin(x @ x.T, np.array([1, 1, -1]))
