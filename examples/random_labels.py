@@ -18,7 +18,7 @@ TABLE = {"random_labels": "random labels", "m": "m", "reached": "trials at zero 
 
 
 def figure(summary: list[dict], title: str):
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8))
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.4))
     for random, label in ((False, "true labels"), (True, "random labels")):
         rows = [row for row in summary if bool(row["random_labels"]) == random]
         plot_sweep(rows, "m", {"support_fraction": label}, xlabel="training samples m",

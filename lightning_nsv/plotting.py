@@ -11,8 +11,9 @@
 - Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`, error bars captioned by
   :func:`error_bar_caption`.
 
-Figures meant for TensorBoard are about 5.5 inches wide: at matplotlib's 100 dpi they fill TensorBoard's
-~500-pixel image card without being shrunk, so their text stays readable.
+Single-panel figures are :data:`CARD_WIDTH` (4.5 inches) wide: one column of a two-column paper with little
+scaling, and at matplotlib's 100 dpi about the 330-500 pixels that TensorBoard's image cards show, so their text
+stays readable there.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
@@ -55,7 +56,7 @@ NEGATIVE, POSITIVE = "tab:red", "tab:blue"
 REGION_NEGATIVE, REGION_POSITIVE = "#f4c7c3", "#c6dbef"
 
 
-CARD_WIDTH = 5.5  # inches: TensorBoard's image card at 100 dpi
+CARD_WIDTH = 4.5  # inches: 450 pixels at 100 dpi, near TensorBoard's image card
 
 
 def short_number(value: float) -> str:
@@ -72,14 +73,15 @@ def image_grid(
     columns: int = 8,
     *,
     total: int | None = None,
-    max_images: int = 32,
+    max_images: int = 16,
     what: str = "support vectors by α",
 ):
     """The first ``max_images`` of ``images`` ``(n, C, H, W)`` in a grid of at most ``columns`` columns, each
     scaled to its own range, with a suptitle that says how many of ``total`` (default ``n``) it shows.
 
     The grid is :data:`CARD_WIDTH` wide whatever the number of tiles, so that few tiles are large: at most 4
-    columns up to 16 images, 6 up to 36, then ``columns``.
+    columns up to 16 images, 6 up to 36, then ``columns``; titles get the largest font (up to 10 pt) at which the
+    longest fits its tile (short ones such as ``f"α={short_number(a)}"`` stay large).
     """
     if max_images < 1:
         raise ValueError(f"`max_images` must be at least 1, got {max_images}")
@@ -88,7 +90,10 @@ def image_grid(
     columns = max(1, min(columns, n, 4 if n <= 16 else 6 if n <= 36 else columns))
     rows = max(1, math.ceil(n / columns))
     tile = CARD_WIDTH / columns
-    fig, axes = plt.subplots(rows, columns, figsize=(CARD_WIDTH, tile * rows * 1.12 + 0.35), squeeze=False)
+    longest = max((len(t) for t in titles[:n]), default=1) if titles is not None else 1
+    title_size = float(np.clip(0.9 * 72 * tile / (0.6 * longest), 5.0, 10.0))
+    fig, axes = plt.subplots(rows, columns, figsize=(CARD_WIDTH, rows * (tile + title_size / 60) + 0.35),
+                             squeeze=False)
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
         if k >= n:
@@ -100,7 +105,7 @@ def image_grid(
         else:
             ax.imshow(img.permute(1, 2, 0).numpy())
         if titles is not None:
-            ax.set_title(titles[k], fontsize=9 if columns <= 6 else 8, pad=2)
+            ax.set_title(titles[k], fontsize=title_size, pad=2)
     shown = f"top {n} of {total}" if n < total else f"all {total}"
     fig.suptitle(f"{shown} {what}", fontsize=10)
     fig.tight_layout(pad=0.3, h_pad=0.4, w_pad=0.2)
@@ -110,7 +115,7 @@ def image_grid(
 def alpha_histogram(alpha: np.ndarray, bins: int = 40):
     """Histogram of the dual coefficients α of the support vectors on a log axis whose limits are whole decades,
     with at most 5 labelled ticks (unlabelled minor ticks)."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.4))
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.0))
     alpha = np.asarray(alpha, dtype=float)
     alpha = alpha[alpha > 0]
     if alpha.size:
@@ -123,6 +128,7 @@ def alpha_histogram(alpha: np.ndarray, bins: int = 40):
         ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
         ax.xaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10), numticks=12))
         ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("dual coefficient α (log scale)")
     ax.set_ylabel("support vectors")
     ax.set_title(f"α of {alpha.size} support vectors", fontsize=10)
@@ -308,7 +314,7 @@ def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xl
                    caption: str | None = None):
     """Stacked bars of :func:`agreement_counts` per setting (Table II) and the agreement in percent; ``caption``
     (e.g. ``"mean over 3 seeds"``) says what the bars average."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8))
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.6))
     where = np.arange(len(labels))
     bottom = np.zeros(len(labels))
     for key, color, text in (("both", "0.35", "both"), ("network_only", "tab:orange", "network only"),
@@ -345,7 +351,7 @@ def plot_sweep(
     """Metrics (means with ``<metric>_std`` error bars) of summary rows against the swept parameter ``x``;
     ``series`` maps each metric to its legend label. The legend's title says what the error bars are over:
     ``caption``, by default :func:`error_bar_caption` of the rows."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8)) if ax is None else (ax.figure, ax)
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.4)) if ax is None else (ax.figure, ax)
     xs = np.array([row[x] for row in rows], dtype=float)
     for metric, label in series.items():
         mean = np.array([row[metric] for row in rows], dtype=float)

@@ -129,8 +129,18 @@ def test_sweep_and_pattern_plots():
 def test_image_grid_shows_few_large_tiles_and_says_how_many():
     fig, axes = image_grid(torch.rand(64, 1, 8, 8), [f"α={k}" for k in range(64)], total=148)
     shown = [ax for ax in axes.flat if ax.images]
-    assert len(shown) == 32 and axes.shape[1] == 6
-    assert fig._suptitle.get_text() == "top 32 of 148 support vectors by α"
+    assert len(shown) == 16 and axes.shape == (4, 4)
+    assert fig._suptitle.get_text() == "top 16 of 148 support vectors by α"
+    assert shown[0].title.get_fontsize() == 10
+    fig.canvas.draw()
+    boxes = [ax.title.get_window_extent() for ax in axes[0]]
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), "titles overlap"
+    plt.close(fig)
+    fig, axes = image_grid(torch.rand(40, 1, 8, 8), [f"y=1 α={k / 7:.2g}" for k in range(40)], max_images=32)
+    assert axes.shape[1] == 6 and fig._suptitle.get_text() == "top 32 of 40 support vectors by α"
+    fig.canvas.draw()
+    boxes = [ax.title.get_window_extent() for ax in axes[0]]
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), "titles overlap"
     assert fig.get_figwidth() == CARD_WIDTH and shown[0].get_title() == "α=0"
     plt.close(fig)
     fig, axes = image_grid(torch.rand(10, 3, 4, 4))
