@@ -1,6 +1,11 @@
-"""How the network-support-vector analysis scales with the training-set size m (DESIGN.md §6).
+"""The network-support-vector analysis against the paper's method, and how it scales with m (DESIGN.md §6).
 
-For each m: train a 784-16-16-16-1 ReLU MLP with the paper's SGD recipe (lr 0.01, momentum 0.05, batch
+Default: one run compares, at m = 20,000, the paper's method (dense float64 path kernel, then scikit-learn
+``SVC(kernel="precomputed")``) with the package's ``network_support_vectors`` end to end, checks exactness
+against an exact dense solve, measures a warm-started repeat, near-degenerate data at m = 10,000 and the
+package at m = 60,000 (see :func:`compare_main`; ``benchmarks/README.md``).
+
+With ``--scaling``, for each m of ``--sizes``: train a 784-16-16-16-1 ReLU MLP with the paper's SGD recipe (lr 0.01, momentum 0.05, batch
 100, no biases) until zero training error (``y·N(x) > 0`` on every sample, float64, weights frozen), then
 time
 
@@ -46,7 +51,9 @@ import torch.nn.functional as F
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.max_margin import max_margin
 from lightning_nsv.models import LeakyReLUMLP
+from lightning_nsv.support_vectors import network_support_vectors
 from lightning_nsv.path_space import (
+    PathKernelColumns,
     PathNetwork,
     forward_with_slopes,
     path_kernel,
@@ -403,6 +410,266 @@ def markdown(rows, args, data_desc, total_s, notes) -> str:
     return "\n".join(out) + "\n"
 
 
+# ------------------------------------------------------------------------ package against the paper
+def cached_model(x, y01, args, key):
+    """Train to zero error (the recipe of :func:`train_to_zero_error`), or load the model a previous run saved
+    under ``--cache-dir`` for the same data, recipe and seed."""
+    path = Path(args.cache_dir) / f"{key}.pt" if args.cache_dir else None
+    if path is not None and path.exists():
+        saved = torch.load(path, weights_only=True)
+        model = _model(args)
+        model.load_state_dict(saved["state"])
+        return model, int(saved["epochs"]), float(saved["seconds"]), int(saved["errors"]), True
+    model, epochs, seconds, errors = train_to_zero_error(x, y01, args, args.seed)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state": model.state_dict(), "epochs": epochs, "seconds": seconds, "errors": errors}, path)
+    return model, epochs, seconds, errors, False
+
+
+def _model(args):
+    return LeakyReLUMLP(in_features=784, widths=list(WIDTHS), beta=0.0, bias=args.bias, optimizer="sgd",
+                        lr=args.lr, momentum=args.momentum)
+
+
+def train_more(model, x, y01, args, epochs):
+    """``epochs`` more epochs of the same recipe from the current weights (a fresh optimiser state)."""
+    torch.set_num_threads(args.train_threads)
+    optimizer = model.configure_optimizers()
+    x_flat, target = x.reshape(len(x), -1), y01.to(torch.float32)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    for _ in range(epochs):
+        for batch in torch.randperm(len(x), generator=g).split(args.batch_size):
+            loss = F.binary_cross_entropy_with_logits(model(x_flat[batch]), target[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    torch.set_num_threads(args.analysis_threads)
+    return model
+
+
+def measured(fn, *a, **kw):
+    """Result, wall seconds, CPU seconds (all threads of the process), peak memory and warnings of one call."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with PeakRSS() as mem:
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = fn(*a, **kw)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"out": out, "wall": wall, "cpu": cpu, "mem": mem, "warnings": [str(w.message) for w in caught]}
+
+
+def researcher_kernel(x64, slopes):
+    """The dense float64 path kernel as the paper's method computes it: ``(X Xᵀ) ∘ Π_l (S_l S_lᵀ)``."""
+    kernel = x64 @ x64.T
+    for s in slopes:
+        kernel *= s @ s.T
+    return kernel
+
+
+def svc_fit(kernel, y, **options):
+    from sklearn.svm import SVC
+
+    svc = SVC(kernel="precomputed", C=1e7, **options).fit(kernel.numpy(), y.numpy())
+    return svc
+
+
+def kkt_all(kernel_columns, y, svm):
+    """KKT residual recomputed over all m from fresh kernel columns of the support (independent of the solver)."""
+    sv = svm.support_
+    f = np.zeros(len(y))
+    for start in range(0, len(sv), 512):
+        block = sv[start:start + 512]
+        f += kernel_columns(block) @ (svm.alpha_[block] * y[block])
+    margins = y * f
+    return max(float(np.max(np.clip(1 - margins, 0, None))), float(np.max(np.abs(margins[sv] - 1), initial=0)))
+
+
+def compare_main(args, log):
+    device = torch.device(args.device)
+    rows, facts = [], {}
+
+    def row(step, r, svm=None, reference=None, note=""):
+        entry = {"step": step, "wall": r["wall"], "cpu": r["cpu"], "peak": r["mem"].peak, "note": note,
+                 "warnings": r["warnings"]}
+        if svm is not None:
+            entry.update(s=svm.n_support_, kkt=svm.kkt_residual)
+            if reference is not None:
+                entry.update(jaccard=jaccard(svm.support_, reference.support_),
+                             margin_rel=abs(svm.margin - reference.margin) / reference.margin)
+        rows.append(entry)
+        log(f"  {step}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, peak {gib(r['mem'].peak)} GiB"
+            + (f", s={svm.n_support_}, KKT {svm.kkt_residual:.1e}" if svm is not None else "")
+            + (f", Jaccard {entry['jaccard']:.4f}, margin rel. diff {entry['margin_rel']:.1e}" if "jaccard" in entry else ""))
+        return entry
+
+    # ---- m = 20,000: the paper's method, the exact dense reference, the package
+    m = args.compare_m
+    x_all, y_all = load_data(args, max(m, args.large_m if args.large_m else 0) + args.val_size)
+    x, y01 = x_all[:m], y_all[:m]
+    x_val, y_val = x_all[-args.val_size:], y_all[-args.val_size:]
+    model, epochs, train_s, errors, cached = cached_model(x, y01, args, f"{args.data_key}_m{m}_seed{args.seed}")
+    facts["train"] = f"m={m:,}: {epochs} epochs, {train_s:.0f} s{' (loaded from --cache-dir)' if cached else ''}, {errors} errors"
+    log(facts["train"])
+    if errors:
+        raise SystemExit(f"no zero training error at m={m}")
+    torch.set_num_threads(args.analysis_threads)
+    net = find_path_part(model).path_network()
+    x64 = x.reshape(m, -1).to(torch.float64)
+    y = torch.where(y01 > 0, 1.0, -1.0).to(torch.float64)
+    with torch.no_grad():
+        outputs, slopes = forward_with_slopes(net, x64)
+
+    kernel_run = measured(researcher_kernel, x64, slopes)
+    kernel = kernel_run["out"]
+    exact = measured(max_margin, kernel, y)
+    reference = exact["out"]
+    svc_default = measured(svc_fit, kernel, y)
+    svc_strict = measured(svc_fit, kernel, y, tol=1e-5, shrinking=False)
+    del kernel
+    gc.collect()
+    log(f"m={m:,}: the paper's method")
+    row("paper: dense float64 path kernel", kernel_run)
+    for name, r in (("SVC default (tol 1e-3, shrinking)", svc_default), ("SVC tol 1e-5, shrinking=False", svc_strict)):
+        svc = r["out"]
+        rows.append({"step": f"paper: {name}", "wall": r["wall"], "cpu": r["cpu"], "peak": r["mem"].peak,
+                     "s": len(svc.support_), "jaccard": jaccard(np.sort(svc.support_), reference.support_),
+                     "note": "with intercept (a different problem)", "warnings": r["warnings"]})
+        for total, label in ((r, name),):
+            rows.append({"step": f"paper total: kernel + {label}", "wall": kernel_run["wall"] + r["wall"],
+                         "cpu": kernel_run["cpu"] + r["cpu"], "peak": max(kernel_run["mem"].peak, r["mem"].peak),
+                         "note": "", "warnings": []})
+    row("exact dense reference: active set on the dense kernel", exact, reference, reference)
+
+    net_dev, x_dev, xv_dev = _to(net, device), x.to(device), x_val.to(device)
+    first = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
+    log(f"m={m:,}: the package, network_support_vectors (kernel='auto')")
+    pkg = row("package: network_support_vectors, end to end (validation on "
+              f"{args.val_size:,} samples)", first, first["out"].svm, reference)
+    facts["speedup"] = [(name, rows[i]["wall"] / pkg["wall"], rows[i]["cpu"] / pkg["cpu"])
+                        for i, name in ((2, "kernel + SVC default"), (4, "kernel + SVC tol 1e-5"))]
+    columns = PathKernelColumns(x64, slopes, net.betas, net.gammas, bias=net.biases is not None)
+    facts["kkt_independent"] = kkt_all(columns.numpy, y.numpy(), first["out"].svm)
+
+    # ---- warm start: a few more epochs, re-analysed from the previous support
+    previous = first["out"].svm.support_
+    model = train_more(model, x, y01, args, args.more_epochs)
+    net2 = find_path_part(model).path_network()
+    out2 = forward_with_slopes(net2, x64)[0]
+    if bool((y * out2 > 0).all()):
+        log(f"m={m:,}: {args.more_epochs} more epochs, warm start from the previous support")
+        net2_dev = _to(net2, device)
+        warm = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                        initial=previous)
+        cold = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
+        e = row(f"package, {args.more_epochs} more epochs: warm start (initial = previous support)", warm,
+                warm["out"].svm, cold["out"].svm)
+        e["note"] = f"{100 * warm['wall'] / first['wall']:.0f}% of the first analysis (wall)"
+        e = row(f"package, {args.more_epochs} more epochs: cold start (reference for the warm one)", cold,
+                cold["out"].svm)
+    else:
+        facts["warm"] = f"{args.more_epochs} more epochs broke zero training error; warm start not measured"
+
+    # ---- near-degenerate data at m = 10,000: 5,000 samples and their copies perturbed by 1e-7
+    half = args.degenerate_m // 2
+    g = torch.Generator().manual_seed(7)
+    xd = torch.cat([x64[:half], x64[:half] + 1e-7 * torch.randn(half, x64.shape[1], generator=g, dtype=torch.float64)])
+    yd = torch.cat([y[:half], y[:half]])
+    od, sd = forward_with_slopes(net, xd)
+    if bool((yd * od > 0).all()):
+        log(f"m={len(yd):,} near-degenerate (pairs 1e-7 apart)")
+        kernel = path_kernel(xd, sd)
+        near = measured(max_margin, kernel, yd)
+        del kernel
+        row(f"near-degenerate m={len(yd):,}: exact active set on the dense kernel", near, near["out"])
+        lazy = measured(network_support_vectors, net, xd, yd)
+        row(f"near-degenerate m={len(yd):,}: package (columns)", lazy, lazy["out"].svm, near["out"])
+
+    # ---- m = 60,000
+    if args.large_m:
+        mL = args.large_m
+        xL, yL = x_all[:mL], y_all[:mL]
+        modelL, epochs, train_s, errors, cached = cached_model(xL, yL, args, f"{args.data_key}_m{mL}_seed{args.seed}")
+        facts["train_large"] = (f"m={mL:,}: {epochs} epochs, {train_s:.0f} s"
+                                f"{' (loaded from --cache-dir)' if cached else ''}, {errors} errors")
+        log(facts["train_large"])
+        if not errors:
+            torch.set_num_threads(args.analysis_threads)
+            netL = find_path_part(modelL).path_network()
+            large = measured(network_support_vectors, _to(netL, device), xL.to(device), yL.to(device), xv_dev,
+                             y_val.to(device))
+            e = row(f"package m={mL:,}: network_support_vectors, end to end", large, large["out"].svm)
+            e["note"] = f"dense float64 kernel would need {8 * mL * mL / 1e9:.1f} GB"
+            xL64 = xL.reshape(mL, -1).to(torch.float64)
+            colsL = PathKernelColumns(xL64, forward_with_slopes(netL, xL64)[1], netL.betas, netL.gammas,
+                                      bias=netL.biases is not None)
+            facts["kkt_large"] = kkt_all(colsL.numpy, torch.where(yL > 0, 1.0, -1.0).double().numpy(),
+                                         large["out"].svm)
+    return rows, facts
+
+
+def _to(net, device):
+    if device.type == "cpu":
+        return net
+    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+    return PathNetwork(move(net.weights), None if net.biases is None else move(net.biases), net.betas, net.gammas)
+
+
+def load_data(args, n):
+    if args.mnist_root:
+        x, y = mnist(args.mnist_root, n, args.seed)
+        return x.reshape(len(x), 1, 28, 28).to(torch.float32), y
+    return digits_standin(n, args.seed)
+
+
+def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
+    fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    out = [
+        "# Network support vectors: the package against the paper's method",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- command: `{' '.join(shlex.quote(a) for a in [sys.executable.rsplit('/', 1)[-1], *sys.argv])}`",
+        f"- machine: {machine()}; analysis device: {args.device}; torch threads in the analysis: "
+        f"{args.analysis_threads}",
+        f"- data: {data_desc}; validation: the last {args.val_size:,} samples of the generated set (not in training)",
+        f"- network: 784-{'-'.join(map(str, WIDTHS))}-1 ReLU, {'with' if args.bias else 'no'} biases; SGD lr {args.lr}, "
+        f"momentum {args.momentum}, batch {args.batch_size}, logistic loss, seed {args.seed}, trained until "
+        f"y·N(x) > 0 on every training sample (float64); {facts['train']}"
+        + (f"; {facts['train_large']}" if "train_large" in facts else ""),
+        f"- total wall time {total_s:.0f} s; load average (1 min) at start {args.load_start}, at end "
+        f"{os.getloadavg()[0]:.1f} (the cores are shared: timings are noisy)",
+        "",
+        "The paper's method: the dense float64 path kernel `(X Xᵀ) ∘ Π_l (S_l S_lᵀ)` in torch, then scikit-learn "
+        "`SVC(kernel=\"precomputed\", C=1e7)` with its defaults and with `tol=1e-5, shrinking=False` (an intercept: "
+        "a different problem, Jaccard against the exact no-intercept solution shown for information). The package: "
+        "`network_support_vectors(net, x, y, x_val, y_val)` with its defaults (`kernel=\"auto\"`: kernel columns on "
+        "demand), from the frozen network and data to the fitted result, validation included. The exact reference: "
+        "`max_margin` (active set) on the dense kernel. CPU s = process CPU time over all threads; peak = the "
+        "process's peak resident set size during the step. Jaccard, margin rel. diff. against the exact dense "
+        "reference (the warm start against the cold start on the same network).",
+        "",
+        "| step | wall s | CPU s | peak GiB | support vectors | Jaccard | margin rel. diff | KKT | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        out.append(f"| {r['step']} | {r['wall']:.2f} | {r['cpu']:.2f} | {gib(r['peak'])} | {fmt(r.get('s'), ',')} | "
+                   f"{fmt(r.get('jaccard'), '.4f')} | {fmt(r.get('margin_rel'), '.1e')} | {fmt(r.get('kkt'), '.1e')} | "
+                   f"{r['note']} |")
+    out += ["", "## Summary", ""]
+    for name, wall, cpu in facts["speedup"]:
+        out.append(f"- the package against the paper's {name}: {wall:.1f}× less wall time, {cpu:.1f}× less CPU time")
+    out.append(f"- KKT residual of the package's m={args.compare_m:,} solution recomputed over all m from fresh "
+               f"kernel columns: {facts['kkt_independent']:.1e}")
+    if "kkt_large" in facts:
+        out.append(f"- KKT residual of the m={args.large_m:,} solution recomputed over all m from fresh kernel columns: "
+                   f"{facts['kkt_large']:.1e}; the dense float64 kernel would need {8 * args.large_m ** 2 / 1e9:.1f} GB")
+    if "warm" in facts:
+        out.append(f"- {facts['warm']}")
+    warns = [(r["step"], w) for r in rows for w in r["warnings"]]
+    out += [f"- warning in {s}: {w}" for s, w in warns] or ["- no warnings were raised in any step"]
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -423,8 +690,22 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the analysis (default: torch's)")
     parser.add_argument("--budget-minutes", type=float, default=25.0,
                         help="skip a size whose projected time (m² scaling of the previous size) would overrun this")
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "nsv_scale.md"))
+    parser.add_argument("--output", default=None,
+                        help="report file (default: results/nsv_scale.md, with --scaling results/nsv_scale_sizes.md)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="the scaling study over --sizes (dense kernel, solvers, column variants) instead of the "
+                             "comparison of the package with the paper's method")
+    parser.add_argument("--compare-m", type=int, default=20_000, help="training-set size of the comparison")
+    parser.add_argument("--large-m", type=int, default=60_000, help="the large run (0: skip)")
+    parser.add_argument("--degenerate-m", type=int, default=10_000, help="size of the near-degenerate set")
+    parser.add_argument("--val-size", type=int, default=2_000, help="validation samples given to the analysis")
+    parser.add_argument("--more-epochs", type=int, default=5, help="epochs between the first and the warm-started analysis")
+    parser.add_argument("--device", default="cpu", help="device of the package's analysis (e.g. cuda)")
+    parser.add_argument("--cache-dir", default=None, help="save trained networks here and reuse them in later runs")
     args = parser.parse_args(argv)
+    args.analysis_threads = args.threads or torch.get_num_threads()
+    if args.output is None:
+        args.output = str(Path(__file__).parent / "results" / ("nsv_scale_sizes.md" if args.scaling else "nsv_scale.md"))
     sizes = sorted(set(args.sizes))
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -441,6 +722,16 @@ def main(argv=None) -> None:
                      "(1,797 8×8 images) upsampled bilinearly to 28×28, random integer shifts in [-2, 2] px (zero "
                      "fill), intensity ×U[0.7, 1.3], Gaussian pixel noise sd 0.1, clipped to [0, 1]; labels 0-4 → 0, "
                      f"5-9 → 1; generator seed {args.seed}; the sets of different m are nested (first m samples)")
+    args.data_key = "mnist" if args.mnist_root else "standin"
+    if not args.scaling:
+        rows, facts = compare_main(args, log)
+        text = compare_markdown(rows, facts, args, data_desc, time.perf_counter() - t0)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text)
+        print(text)
+        log(f"wrote {args.output}")
+        return
+    if not args.mnist_root:
         x_all, y_all = digits_standin(max(sizes), args.seed)
 
     rows, notes, previous = [], [], None
