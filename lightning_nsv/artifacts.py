@@ -111,8 +111,9 @@ class SupportVectorArtifact:
         path: the ``.pt`` file.
         id: shared by the ``.pt`` and its ``.json``.
         support: indices of the support vectors in the training set (the order of ``train_indices``).
-        alpha: dual coefficients for the raw kernel, ``(m,)``, zero off the support.
-        labels: training labels in ``{-1, +1}``.
+        alpha: dual coefficients for the raw kernel, ``(m,)`` (binary) or ``(m, K)`` (multi-class, per pair
+            ``(i, k)``), zero off the support.
+        labels: training labels, in ``{-1, +1}`` for a binary head, ``0..K-1`` for a K-class head.
         network: the path part at the analysed weights (float64).
         module_state: state dict of the whole module (trunk included).
         module_class, module_hparams: how to rebuild the module (``None`` when it records no init arguments).
@@ -222,6 +223,7 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
     """
     from lightning_nsv.extract import find_path_part
     from lightning_nsv.models.layers import eval_mode
+    from lightning_nsv.multiclass import multiclass_support_vectors
     from lightning_nsv.support_vectors import network_support_vectors, signed_labels
 
     if not isinstance(artifact, SupportVectorArtifact):
@@ -248,12 +250,16 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     x_train, y_train = embedded(datamodule.train_dataset)
-    if not torch.equal(signed_labels(y_train), artifact.labels):
+    net = path.path_network()
+    labels = signed_labels(y_train) if net.num_outputs == 1 else y_train.to(torch.int64)
+    if not torch.equal(labels, artifact.labels):
         raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
     val = getattr(datamodule, "val_dataset", None)
     x_val, y_val = embedded(val) if val is not None and len(val) else (None, None)
     solver = artifact.solver
+    if net.num_outputs > 1:
+        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=solver["multiclass"])
     return network_support_vectors(
-        path.path_network(), x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
+        net, x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
         kernel=solver["kernel"], max_dense_bytes=solver["max_dense_bytes"],
     )

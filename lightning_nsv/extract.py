@@ -13,7 +13,8 @@ __all__ = ["PathPart", "UnsupportedNetworkError", "find_path_part"]
 
 SUPPORTED = (
     "nn.Linear, nn.ReLU, nn.LeakyReLU, lightning_nsv LeakyReLUFamily, nn.Identity and nn.Dropout, "
-    "ending in a Linear layer with one output, optionally after an embedding trunk that ends with nn.Flatten"
+    "ending in a Linear layer with one output (binary: the logit) or K >= 2 outputs (multi-class: the class "
+    "scores), optionally after an embedding trunk that ends with nn.Flatten"
 )
 
 
@@ -51,6 +52,11 @@ class PathPart:
     @property
     def has_bias(self) -> bool:
         return any(layer.bias is not None for layer in self.linears)
+
+    @property
+    def num_outputs(self) -> int:
+        """1 for a binary head (its logit), K for a K-class head."""
+        return self.linears[-1].out_features
 
     @property
     def num_hidden_units(self) -> int:
@@ -110,7 +116,7 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
 
     Raises:
         UnsupportedNetworkError: naming the module and layer when the head holds anything else than
-            the supported layers, or ends in more than one output.
+            the supported layers.
     """
     if path_module is None:
         name, seq = _find_sequential(module)
@@ -161,10 +167,5 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
     if pending_activation:
         raise UnsupportedNetworkError(
             f"{where} ends with an activation; the path part must end with the Linear layer that gives the logit."
-        )
-    if linears[-1].out_features != 1:
-        raise UnsupportedNetworkError(
-            f"{where} has {linears[-1].out_features} outputs; the support-vector analysis needs a binary "
-            "classifier with a single logit (sign = class)."
         )
     return PathPart(where, trunk, tuple(linears), tuple(betas), tuple(gammas))

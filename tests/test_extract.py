@@ -61,7 +61,6 @@ def test_finds_the_sequential_of_a_lightning_module_and_named_parts():
     [
         ([nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)], r"layer 1, Tanh\(\), is not supported in the path part"),
         ([nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 1)], r"BatchNorm1d.*is not supported"),
-        ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 10)], r"has 10 outputs; .*single logit"),
         ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1), nn.Sigmoid()], r"Sigmoid\(\).*is not supported"),
         ([nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1), nn.ReLU()], r"ends with an activation"),
         ([nn.Linear(4, 3), nn.ReLU(), nn.ReLU(), nn.Linear(3, 1)], r"does not follow a Linear layer"),
@@ -77,6 +76,12 @@ def test_unsupported_heads_are_named(layers, message):
     with pytest.raises(UnsupportedNetworkError, match=message) as info:
         find_path_part(UserNet())
     assert "UserNet" in str(info.value)
+
+
+def test_multi_output_heads_are_read_with_their_outputs():
+    part = find_path_part(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 10)))
+    assert part.num_outputs == 10 and part.path_network().num_outputs == 10
+    assert find_path_part(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))).num_outputs == 1
 
 
 def test_bad_submodule_names():

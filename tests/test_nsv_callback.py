@@ -186,7 +186,8 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
     with pytest.raises(UnsupportedNetworkError, match=r"UserClassifier.model: layer 2, Tanh\(\), is not supported"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(activation=nn.Tanh), datamodule=data)
-    with pytest.raises(UnsupportedNetworkError, match=r"UserClassifier.model has 3 outputs"):
+    with pytest.raises(ValueError, match=r"output of UserClassifier has 1 values per sample, but its path part "
+                                         r"UserClassifier.model has 3; the module must return the head's output"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(outputs=3), datamodule=data)
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
@@ -237,7 +238,7 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     [
         ({"every_n_epochs": 0}, "`every_n_epochs` must be a positive integer, got 0"),
         ({"batch_size": -1}, "`batch_size` must be a positive integer, got -1"),
-        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 32"),
+        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 16"),
         ({"C": 0}, "`C` must be positive, got 0"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
         ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),
@@ -332,3 +333,45 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
     assert resumed.metrics == straight.metrics  # the same logged values, to the last bit
     assert np.array_equal(resumed.analysis.svm.support_, straight.analysis.svm.support_)  # Jaccard 1.0
     assert np.array_equal(resumed.analysis.svm.alpha_, straight.analysis.svm.alpha_)
+
+
+class UserMulticlass(UserClassifier):
+    """A user's 10-class module: the head's K scores, cross-entropy."""
+
+    def __init__(self):
+        super().__init__(hidden=(32, 32), outputs=10)
+
+    def forward(self, x):
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.model(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def test_a_ten_class_head_gets_the_multiclass_analysis(tmp_path):
+    pl.seed_everything(0)
+    data = DigitsDataModule(m=300, seed=0, batch_size=50, task="multiclass")
+    callback = NetworkSupportVectors()
+    run = trainer(tmp_path, callback, max_epochs=100)
+    model = UserMulticlass()
+    run.fit(model, datamodule=data)
+    assert callback.zero_error_epoch is not None
+    metrics = callback.metrics
+    assert sum(metrics[f"n_support_class{k}"] for k in range(10)) == metrics["n_support"] > 0
+    assert 0 < metrics["margin_ratio"] <= 1 and metrics["kkt_residual"] < 1e-9
+    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.extract import find_path_part
+
+    part = find_path_part(model)
+    x, y = data.train_dataset.tensors
+    xv, yv = data.val_dataset.tensors
+    with torch.no_grad():
+        direct = multiclass_support_vectors(part.path_network(), part.embed(x), y, part.embed(xv), yv)
+    assert metrics == pytest.approx(direct.to_metrics(), rel=1e-9)
+    artifact = load_support_vectors(next((Path(run.logger.log_dir) / "nsv").glob("*.pt")))
+    assert artifact.alpha.shape == (300, 10) and artifact.network.num_outputs == 10
+    assert set(scalars(Path(run.logger.log_dir))) >= {"nsv/n_support_class3", "nsv/cosine_wbar_v"}

@@ -14,6 +14,8 @@ from lightning_nsv.callbacks.sinks import FigureSink
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.multiclass import METHODS as MULTICLASS_METHODS
+from lightning_nsv.multiclass import class_labels, multiclass_support_vectors, pair_margins
 from lightning_nsv.path_space import forward_with_slopes
 from lightning_nsv.support_vectors import (
     KERNEL_MODES,
@@ -47,7 +49,11 @@ class NetworkSupportVectors(Callback):
     The network is found with :func:`~lightning_nsv.extract.find_path_part`: the module's ``nn.Sequential``
     of Linear and ReLU/LeakyReLU layers (after an optional trunk ending with ``nn.Flatten``), or the
     submodules named by ``path_module``/``embedding``. The module's output must be that head's logit; this is
-    checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1.
+    checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1 for a head with one
+    output (its logit), or class labels ``0..K-1`` for a head with K >= 2 outputs (the class scores): then zero
+    training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
+    classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
+    (``n_support_class<k>``) and a support-vector grid grouped by class.
 
     A non-finite output (a diverged network, NaN/inf in the data) counts as a training error and is named in a
     warning (the parameter or the first sample index); no analysis runs and no file is written for it. Under
@@ -77,6 +83,8 @@ class NetworkSupportVectors(Callback):
         save_dir: Where results go; default ``<log_dir>/nsv``.
         max_images: Support vectors shown in the image grid (the largest α first).
         seed: Seed of the random probe.
+        multiclass: For heads with K >= 2 outputs: ``"exact"``, the multi-class max-margin problem through the
+            origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
 
     Raises:
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
@@ -125,8 +133,9 @@ class NetworkSupportVectors(Callback):
         embedding: str | None = None,
         batch_size: int = 1024,
         save_dir: str | None = None,
-        max_images: int = 32,
+        max_images: int = 16,
         seed: int = 0,
+        multiclass: Literal["exact", "ovr"] = "exact",
     ) -> None:
         for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
                             ("max_dense_bytes", max_dense_bytes)):
@@ -140,6 +149,9 @@ class NetworkSupportVectors(Callback):
             raise ValueError(f"`delta` must be in (0, 1), got {delta}")
         if kernel not in KERNEL_MODES:
             raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
+        if multiclass not in MULTICLASS_METHODS:
+            raise ValueError(f"`multiclass` can be {', '.join(MULTICLASS_METHODS)}, got {multiclass!r}")
+        self.multiclass = multiclass
         self.kernel = kernel
         self.max_dense_bytes = max_dense_bytes
         self.every_n_epochs = every_n_epochs
@@ -173,6 +185,11 @@ class NetworkSupportVectors(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
+        if self._path.num_outputs > 1 and self.intercept:
+            raise ValueError(
+                f"{self._path.name} has {self._path.num_outputs} outputs: the multi-class analysis is the max-margin "
+                "problem through the origin; `intercept=True` is for binary heads only"
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -256,9 +273,23 @@ class NetworkSupportVectors(Callback):
             or (trainer.current_epoch + 1) % self.every_n_epochs != 0
         )
 
+    def _labels(self, y: Tensor) -> Tensor:
+        """Binary labels as ±1 (float64), class labels as int64 in ``[0, K)``; refuses anything else."""
+        if self._path.num_outputs == 1:
+            return signed_labels(y)
+        return torch.from_numpy(class_labels(y, self._path.num_outputs))
+
+    def _margins(self, outputs: Tensor, y: Tensor) -> Tensor:
+        """``y·N(x)`` (binary) or ``min_k N_y(x) − N_k(x)`` (multi-class); NaN where outputs are not finite."""
+        labels = self._labels(y)
+        if self._path.num_outputs == 1:
+            return labels * outputs
+        margins = torch.from_numpy(pair_margins(outputs, labels.numpy())).min(1).values
+        return torch.where(torch.isfinite(outputs).all(1), margins, torch.nan)
+
     def _check_head_is_output(self, pl_module: pl.LightningModule, batch: Any) -> None:
         x, y = _split_batch(batch)
-        signed_labels(y)
+        self._labels(y)
         non_finite = _first_non_finite_parameter(pl_module)
         if non_finite is not None:
             raise ValueError(f"NetworkSupportVectors: {non_finite} before training: {_DIVERGED}")
@@ -272,11 +303,11 @@ class NetworkSupportVectors(Callback):
         with eval_mode(pl_module), torch.no_grad():
             x = x[:8]
             output = pl_module(x).reshape(len(x), -1)
-            head = _head_forward(self._path, x)
-        if output.shape[1] != 1:
+            head = _head_forward(self._path, x).reshape(len(x), -1)
+        if output.shape[1] != head.shape[1]:
             raise ValueError(
                 f"the output of {type(pl_module).__name__} has {output.shape[1]} values per sample, but its path part "
-                f"{self._path.name} has one output; the module must return that logit unchanged"
+                f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged"
             )
         precision = output.dtype if output.is_floating_point() else torch.float32
         if precision not in (torch.float32, torch.float64):
@@ -287,8 +318,7 @@ class NetworkSupportVectors(Callback):
             )
         eps = torch.finfo(precision).eps
         scale = float(head.abs().max()) if len(head) else 1.0
-        close = torch.allclose(output[:, 0].double().cpu(), head, rtol=max(1e-4, 64 * eps),
-                               atol=max(1e-5, 64 * eps * scale))
+        close = torch.allclose(output.double().cpu(), head, rtol=max(1e-4, 64 * eps), atol=max(1e-5, 64 * eps * scale))
         if not close:
             raise ValueError(
                 f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
@@ -403,8 +433,7 @@ class NetworkSupportVectors(Callback):
             if keep is not None:
                 keep.append((embedded, y))
             outputs, _ = forward_with_slopes(net, embedded)
-            margins = signed_labels(y) * outputs
-            bad = ~(margins > 0)
+            bad = ~(self._margins(outputs, y) > 0)
             if not torch.isfinite(outputs).all():
                 self._explain_non_finite(x, outputs, chunk, pl_module)
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
@@ -413,7 +442,7 @@ class NetworkSupportVectors(Callback):
         return wrong
 
     def _explain_non_finite(self, x: Tensor, outputs: Tensor, chunk: list[int], pl_module) -> None:
-        row = int((~torch.isfinite(outputs)).nonzero()[0])
+        row = int((~torch.isfinite(outputs.reshape(len(outputs), -1)).all(1)).nonzero()[0])
         parameter = _first_non_finite_parameter(pl_module)
         if parameter is not None:
             self._warn_diverged(parameter)
@@ -422,7 +451,7 @@ class NetworkSupportVectors(Callback):
             cause = (f"training sample {chunk[row]} holds NaN/inf inputs; clean the data (drop or repair that "
                      "sample) — it counts as misclassified, so zero training error cannot be reached")
         else:
-            cause = (f"the network's output is {float(outputs[row])} on training sample {chunk[row]} although its "
+            cause = (f"the network's output is {outputs[row].tolist()} on training sample {chunk[row]} although its "
                      f"inputs and weights are finite: the trunk or head overflowed ({_DIVERGED})")
         self._diverged = True
         self._warn_once(f"NetworkSupportVectors: {cause}")
@@ -476,11 +505,15 @@ class NetworkSupportVectors(Callback):
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
-        analysis = network_support_vectors(
-            net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
-            kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-            initial=self._previous_support or None,
-        )
+        if net.num_outputs == 1:
+            analysis = network_support_vectors(
+                net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
+                kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
+                initial=self._previous_support or None,
+            )
+        else:
+            analysis = multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
+                                                  delta=self.delta)
         self.analysis = analysis
         self._say(trainer, f"NetworkSupportVectors: analysis done in {time.perf_counter() - started:.1f} s\n"
                            + analysis.report())
@@ -490,7 +523,8 @@ class NetworkSupportVectors(Callback):
         sink.text("nsv/report", _markdown_report(epoch, analysis), step)
         _register_hparams(trainer, pl_module, analysis.to_metrics())
         self._log_figures(trainer, dataset, analysis, sink)
-        self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
+        if net.num_outputs == 1:
+            self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
         return {**analysis.to_metrics(), "_support": analysis.svm.support_.tolist()}
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
@@ -512,8 +546,9 @@ class NetworkSupportVectors(Callback):
         payload = {
             "support": torch.from_numpy(analysis.svm.support_),
             "alpha": torch.from_numpy(analysis.svm.alpha_),
-            "intercept": analysis.svm.intercept_,
-            "labels": signed_labels(y_train),
+            "intercept": getattr(analysis.svm, "intercept_", 0.0),
+            "labels": self._labels(y_train),
+            "num_outputs": net.num_outputs,
             "network": {"weights": list(net.weights), "biases": None if net.biases is None else list(net.biases),
                         "betas": list(net.betas), "gammas": list(net.gammas)},
             "path_part": self._path.name,
@@ -528,19 +563,21 @@ class NetworkSupportVectors(Callback):
             "epoch": self._current_epoch(trainer),
             "global_step": trainer.global_step,
             "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
-                       "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
-                       "kernel_scale": analysis.svm.kernel_scale, "C_effective": analysis.svm.C_effective,
-                       "kkt_residual": analysis.svm.kkt_residual, "iterations": analysis.svm.iterations},
+                       "multiclass": self.multiclass, "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
+                       "kernel_scale": getattr(analysis.svm, "kernel_scale", None),
+                       "C_effective": getattr(analysis.svm, "C_effective", None),
+                       "kkt_residual": analysis.svm.kkt_residual, "iterations": getattr(analysis.svm, "iterations", 0)},
             "metrics": analysis.to_metrics(),
         }
         return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
                                     report=analysis.report())
 
     def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
-        from lightning_nsv.plotting import alpha_histogram, image_grid
+        from lightning_nsv.plotting import alpha_histogram, image_grid, short_number
 
         support = analysis.svm.support_
-        alpha = analysis.svm.alpha_[support]
+        per_sample = analysis.svm.alpha_.reshape(len(analysis.svm.alpha_), -1).sum(1)  # Σ_k α_(i,k) multi-class
+        alpha = per_sample[support]
         step = trainer.global_step
         sink.histogram("nsv/alpha", alpha, step)
         sink.figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], step)
@@ -548,9 +585,14 @@ class NetworkSupportVectors(Callback):
         if not len(order):
             return
         images, labels = _gather(dataset, [int(i) for i in order])
-        if images.dim() == 4:
-            titles = [f"y={int(c)} α={a:.2g}" for c, a in zip(labels, analysis.svm.alpha_[order])]
-            sink.figure("nsv/support_vectors", image_grid(images, titles)[0], step)
+        if images.dim() != 4:
+            return
+        if analysis.svm.alpha_.ndim > 1:  # grouped by class, the largest α first within each
+            grouped = sorted(range(len(order)), key=lambda j: (int(labels[j]), -per_sample[order[j]]))
+            order, images, labels = order[grouped], images[grouped], labels[grouped]
+        titles = [f"y={int(c)} α={short_number(a)}" for c, a in zip(labels, per_sample[order])]
+        figure = image_grid(images, titles, total=len(support), max_images=self.max_images)[0]
+        sink.figure("nsv/support_vectors", figure, step)
 
     def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
                           analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
