@@ -1,31 +1,37 @@
-"""Time Ψ and its rank at N = M = 10,000: PsiRankMonitor's routes against torch's direct SVD / matrix_rank.
+"""Time σ_min, σ_max, rank and condition number of Ψ: the fast route of :func:`lightning_nsv.psi.psi_spectrum`
+against a full float64 SVD (``torch.linalg.svdvals``) of the same matrix, in the same run.
 
-Routes, all in float64 on the CPU:
+Cases (float64, CPU):
 
-- ``psi``: computing Ψ (N×M) with ``SkipNetwork.psi`` over the inputs in batches;
-- ``svd``: :func:`lightning_nsv.valley.psi_spectrum` (``torch.linalg.svdvals``), the route below the memory limit;
-- ``matrix_rank``: ``torch.linalg.matrix_rank(Ψ)``, the baseline (same tolerance, also an SVD);
-- ``streaming``: the route :func:`lightning_nsv.valley.psi_spectrum_streaming` takes above its memory limit
-  when M <= N: the R factor of Ψ updated over batches of rows (Ψ never held whole; forward passes included)
-  and its singular values. At N = M it holds as much as Ψ itself; it saves memory when N and M differ.
+- ``full rank``, ``rank-deficient``, ``near-deficient``: N×M matrices ``U diag(s) Vᵀ`` with a known spectrum
+  (:func:`lightning_nsv.psi.matrix_with_singular_values`, random orthogonal U, V from signs, permutations and
+  DCTs): s log-spaced 1 .. 1e-6; 70 % of s log-spaced 1 .. 1e-4 and the rest 0; 99 % log-spaced 1 .. 1e-3 and
+  1 % at 1e-8 (a gap, above the tolerance);
+- ``skip-rand``: Ψ (N×400) of a random, frozen softplus ``SkipNetwork`` (mode ``skip_rand``) on N Gaussian
+  inputs; its spectrum is the SVD's.
+
+σ_min rel err is against the known σ_min (the SVD's for skip-rand); where σ_min is 0 both routes report a value
+below the tolerance, shown instead. "rank equal": the fast route's rank equals the known rank and the SVD's.
 
 Usage::
 
-    python benchmarks/psi_rank.py                  # N = M = 10,000 (about 2.4 GB peak)
-    python benchmarks/psi_rank.py --n 2000 --m 2000
+    python benchmarks/psi_rank.py                     # N = 10,000, M = 12,000 (about 5 GB peak)
+    python benchmarks/psi_rank.py --n 2000 --m 2400 --out /tmp/psi_rank.md
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.valley import psi_spectrum, r_factor
+from lightning_nsv.psi import EPS64, matrix_with_singular_values, psi_spectrum
 
 
 def timed(fn):
@@ -34,38 +40,63 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
+def known_spectra(k: int) -> dict[str, np.ndarray]:
+    r, gap = int(0.7 * k), k // 100
+    return {
+        "full rank": np.logspace(0, -6, k),
+        "rank-deficient": np.concatenate([np.logspace(0, -4, r), np.zeros(k - r)]),
+        "near-deficient": np.concatenate([np.logspace(0, -3, k - gap), np.full(gap, 1e-8)]),
+    }
+
+
+def skip_rand_psi(n: int, m: int) -> torch.Tensor:
+    width = m // 4
+    model = SkipNetwork.mlp(64, [width] * 4, 10, "softplus", num_skip_units=m - width, mode="skip_rand", skip_seed=0)
+    x = torch.randn(n, 64, generator=torch.Generator().manual_seed(0))
+    return model.psi(x, batch_size=2000)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=10_000, help="training samples N")
-    parser.add_argument("--m", type=int, default=10_000, help="skip units M <= N (10 hidden layers share them)")
-    parser.add_argument("--activation", default="softplus")
-    parser.add_argument("--out", default="benchmarks/results/psi_rank.txt")
+    parser.add_argument("--n", type=int, default=10_000, help="rows N of the known-spectrum cases")
+    parser.add_argument("--m", type=int, default=12_000, help="columns M of the known-spectrum cases")
+    parser.add_argument("--skip-units", type=int, default=400, help="M of the skip-rand case (N rows)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a loaded machine)")
+    parser.add_argument("--out", default="benchmarks/results/psi_rank.md")
     args = parser.parse_args()
-    if args.m > args.n:
-        parser.error(f"--m must be at most --n (the ΨᵀΨ route), got {args.m} > {args.n}")
-    width = -(-args.m // 10)
-    model = SkipNetwork.mlp(64, [width] * 10, 10, args.activation, num_skip_units=args.m - width, skip_seed=0)
-    x = torch.randn(args.n, 64, generator=torch.Generator().manual_seed(0))
+    torch.set_num_threads(args.threads)
     torch.linalg.svdvals(torch.randn(200, 200, dtype=torch.float64))  # warm up LAPACK
-    psi, t_psi = timed(lambda: model.psi(x, batch_size=1000))
-    spec, t_svd = timed(lambda: psi_spectrum(psi))
-    rank, t_rank = timed(lambda: int(torch.linalg.matrix_rank(psi)))
-    del psi
-    sv, t_stream = timed(lambda: torch.linalg.svdvals(r_factor(model.iter_psi(x, batch_size=1000), model.num_units)))
-    stream_rank = int((sv > spec.tolerance).sum())  # psi_spectrum_streaming's rule: σ_max · max(N, M) · eps
-    diff = float((sv - spec.singular_values).abs().max()) / spec.sigma_max
+    rows = []
+    cases = [(name, s, (args.n, args.m)) for name, s in known_spectra(min(args.n, args.m)).items()]
+    cases.append(("skip-rand", None, (args.n, args.skip_units)))
+    for name, s, (n, m) in cases:
+        psi = skip_rand_psi(n, m) if s is None else matrix_with_singular_values(s, n, m, seed=0)
+        exact, t_svd = timed(lambda: torch.linalg.svdvals(psi))
+        svd_rank = int((exact > exact[0] * max(n, m) * EPS64).sum())
+        fast, t_fast = timed(lambda: psi_spectrum(psi))
+        truth = exact.numpy() if s is None else s
+        known_rank = int((truth > truth[0] * max(n, m) * EPS64).sum())
+        for method, seconds, rank, smin in (("full SVD (svdvals)", t_svd, svd_rank, float(exact[-1])),
+                                            (f"fast ({fast.method})", t_fast, fast.rank, fast.sigma_min)):
+            err = (f"{abs(smin - truth[-1]) / truth[-1]:.1e}" if truth[-1] > 0
+                   else f"σ_min {smin:.1e} < tol {fast.tolerance:.1e}")
+            rows.append((name, f"{n}×{m}", method, f"{seconds:.1f}", err,
+                         "yes" if rank == known_rank == svd_rank else f"no ({rank} vs {known_rank})"))
+        rows.append((name, "", "speed-up", f"{t_svd / t_fast:.1f}×", "", ""))
+        print(*rows[-3:], sep="\n", flush=True)
+        del psi, exact
     lines = [
-        f"Ψ rank benchmark: N={args.n}, M={model.num_units}, {args.activation} MLP 64-{width}x10-10, float64, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"load average {os.getloadavg()[0]:.1f} at the end",
-        f"compute Ψ (SkipNetwork.psi)           {t_psi:8.1f} s",
-        f"psi_spectrum (svdvals)                {t_svd:8.1f} s   rank {spec.rank}, σ_max {spec.sigma_max:.4g}, "
-        f"σ_min {spec.sigma_min:.3g}",
-        f"torch.linalg.matrix_rank (baseline)   {t_rank:8.1f} s   rank {rank}",
-        f"streaming QR route (incl. forward)    {t_stream:8.1f} s   rank {stream_rank}, holds about "
-        f"{16 * model.num_units ** 2 / 2**20:.0f} MiB (R + buffer) where Ψ takes "
-        f"{8 * args.n * model.num_units / 2**20:.0f}",
-        f"largest difference of the singular values, streaming vs SVD, relative to σ_max: {diff:.2e}",
+        "# Ψ rank: fast route vs full SVD",
+        "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{args.threads} torch thread(s), load average {os.getloadavg()[0]:.1f} at the end",
+        f"- command: `flock /tmp/heavy.lock python benchmarks/psi_rank.py --n {args.n} --m {args.m} "
+        f"--skip-units {args.skip_units} --threads {args.threads}`",
+        "",
+        "| case | shape | method | wall s | σ_min rel err | rank equal |",
+        "|---|---|---|---|---|---|",
+        *("| " + " | ".join(r) + " |" for r in rows),
     ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")

@@ -1,12 +1,12 @@
-"""Ψ and the loss-valley maths of skip-to-output networks (Nguyen, Mukkamala & Hein, ICLR 2019).
+"""Loss-valley certificates of skip-to-output networks (Nguyen, Mukkamala & Hein, ICLR 2019).
 
 A skip network wires M hidden units straight to the K outputs, ``G = Ψ V`` with ``Ψ`` the N×M matrix of
 those units' post-activation values on the N training samples (no bias column, never centred). With
-``rank Ψ = N`` the cross-entropy landscape has no bad local valley (Lemma 3.2, Theorem 3.4). This module
-holds the checks of that statement as pure functions (torch only) that return frozen dataclasses with
-``to_metrics()``; ``lightning_nsv.callbacks`` decides when to run them and where the numbers go.
+``rank Ψ = N`` the cross-entropy landscape has no bad local valley (Lemma 3.2, Theorem 3.4); the rank of Ψ
+is :mod:`lightning_nsv.psi`. This module holds the certificates as pure functions (torch only) that return
+frozen dataclasses with ``to_metrics()``; ``lightning_nsv.callbacks`` decides when to run them and where the
+numbers go. All of them are about the mean cross-entropy loss.
 
-- :func:`psi_spectrum` / :func:`psi_spectrum_streaming`: numerical rank of Ψ in float64 (DESIGN §3).
 - :func:`lemma21_certificate`: ``Φ < log(2)/N`` ⇒ zero training error.
 - :func:`escape_path`: the path of the proof of Theorem 3.4 from ``V`` to ``V*`` with ``Ψ V* = Y t*``.
 - :func:`assumption31_checks`: activation class, ``M ≥ N``, distinct training inputs.
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_nsv.psi import as_matrix64, plot_axes
+
 LOG2 = math.log(2.0)
-EPS64 = torch.finfo(torch.float64).eps
 #: Assumption 3.1.1: real analytic and strictly increasing.
 ANALYTIC_INCREASING = ("sigmoid", "softplus", "tanh", "linear")
 #: Assumption 3.1.2 (activation part): bounded with limit 0 at -inf (sigmoid), or softplus.
@@ -33,181 +34,6 @@ _WHY_NOT_ANALYTIC = {
     "leaky_relu": "leaky_relu is not real analytic (kink at 0)",
     "abs": "abs is neither real analytic (kink at 0) nor increasing",
 }
-
-
-def _matrix64(a: Any, name: str) -> Tensor:
-    a = torch.as_tensor(a).detach().to(torch.float64)
-    if a.dim() != 2 or a.numel() == 0:
-        raise ValueError(f"`{name}` must be a non-empty 2-D matrix, got shape {tuple(a.shape)}")
-    return a
-
-
-def _plot_axes(ax: Any) -> tuple[Any, Any]:
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure  # no pyplot: no global backend state
-
-    fig = Figure(figsize=(5, 3.6), layout="constrained")
-    return fig, fig.add_subplot()
-
-
-# ----------------------------------------------------------------------------------------------- rank of Ψ
-@dataclass(frozen=True)
-class PsiSpectrum:
-    """Singular values of Ψ (descending, float64) and its numerical rank.
-
-    ``full_rank`` means rank N (full row rank), the condition of Lemma 3.2; it needs M ≥ N. ``sigma_min`` is
-    the smallest of the min(N, M) singular values, ``condition_number`` is ``sigma_max / sigma_min``
-    (inf when ``sigma_min`` is 0). ``method`` says how they were computed: ``"svd"`` of Ψ, or ``"qr"``, the
-    SVD of Ψ's streamed R factor (:func:`psi_spectrum_streaming`).
-    """
-
-    singular_values: Tensor
-    rank: int
-    tolerance: float
-    num_samples: int
-    num_units: int
-    method: str = "svd"
-
-    @property
-    def sigma_max(self) -> float:
-        return float(self.singular_values[0])
-
-    @property
-    def sigma_min(self) -> float:
-        return float(self.singular_values[-1])
-
-    @property
-    def condition_number(self) -> float:
-        return self.sigma_max / self.sigma_min if self.sigma_min > 0 else math.inf
-
-    @property
-    def full_rank(self) -> bool:
-        return self.rank == self.num_samples
-
-    def to_metrics(self) -> dict[str, float]:
-        return {
-            "rank": float(self.rank),
-            "sigma_min": self.sigma_min,
-            "sigma_max": self.sigma_max,
-            "condition_number": self.condition_number,
-            "num_samples": float(self.num_samples),
-            "num_units": float(self.num_units),
-            "full_rank": float(self.full_rank),
-        }
-
-    def plot(self, ax: Any = None) -> tuple[Any, Any]:
-        """Singular values on a log scale with the rank tolerance; returns ``(fig, ax)``."""
-        fig, ax = _plot_axes(ax)
-        s = self.singular_values.clamp_min(self.tolerance * 1e-3).cpu().numpy()
-        ax.semilogy(range(1, len(s) + 1), s, ".-", ms=3, lw=0.8, label="singular values")
-        ax.axhline(self.tolerance, color="C3", ls="--", lw=0.8, label=f"tolerance ({self.method})")
-        ax.set(xlabel="index", ylabel="σ",
-               title=f"Ψ: N={self.num_samples}, M={self.num_units}, rank={self.rank}, κ={self.condition_number:.2e}")
-        ax.legend(fontsize=8)
-        return fig, ax
-
-
-def psi_spectrum(psi: Any) -> PsiSpectrum:
-    """Numerical rank, σ_min, σ_max and condition number of Ψ by a float64 SVD.
-
-    The tolerance is that of ``torch.linalg.matrix_rank``: ``σ_max · max(N, M) · eps(float64)``. Ψ is used
-    as it is (no centring, no bias column). Cost: O(N·M·min(N, M)) time, N·M float64 of memory.
-
-    Args:
-        psi: N×M matrix (tensor or array) of skip-unit outputs on the training set.
-
-    Raises:
-        ValueError: If ``psi`` is not a non-empty 2-D matrix.
-
-    Example::
-
-        >>> psi_spectrum(torch.eye(3)).rank
-        3
-    """
-    psi = _matrix64(psi, "psi")
-    n, m = psi.shape
-    return _spectrum(torch.linalg.svdvals(psi), n, m, "svd")
-
-
-def _spectrum(s: Tensor, n: int, m: int, method: str) -> PsiSpectrum:
-    tol = float(s[0]) * max(n, m) * EPS64
-    return PsiSpectrum(s, int((s > tol).sum()), tol, n, m, method)
-
-
-def r_factor(blocks: Iterable[Any], rows_per_qr: int) -> Tensor:
-    """R of the QR factorisation of the matrix that ``blocks`` stack vertically, without holding that matrix.
-
-    Streaming (TSQR) update: rows are buffered until ``rows_per_qr`` are held, then ``R <- qr([R; rows]).R``.
-    R (at most C×C for C columns) has the singular values of the whole matrix, and, Householder QR being
-    backward stable, as accurately as an SVD of the matrix itself; forming ``AᵀA`` instead would square the
-    condition number. Cost: about ``2·(C + rows_per_qr)·C²`` flops per update.
-    """
-    r, buffer, held = None, [], 0
-    for block in blocks:
-        buffer.append(torch.as_tensor(block).to(torch.float64))
-        held += len(buffer[-1])
-        if held >= rows_per_qr:
-            r, buffer, held = torch.linalg.qr(torch.cat(buffer if r is None else [r, *buffer]), mode="r").R, [], 0
-    if buffer:
-        r = torch.linalg.qr(torch.cat(buffer if r is None else [r, *buffer]), mode="r").R
-    if r is None:
-        raise ValueError("`blocks` yielded no block of Ψ")
-    return r
-
-
-def check_streaming_memory(num_samples: int, num_units: int, max_memory_bytes: int) -> None:
-    """Raises the ValueError of :func:`psi_spectrum_streaming` when ``max_memory_bytes`` is below both Ψ
-    (``8·N·M`` bytes) and its R factor with as many buffered rows (``16·min(N, M)²``)."""
-    n, m, k = num_samples, num_units, min(num_samples, num_units)
-    if 8 * n * m > max_memory_bytes and 16 * k * k > max_memory_bytes:
-        raise ValueError(
-            f"Ψ is {n}x{m} and even its {k}x{k} R factor with as many buffered rows ({16 * k * k / 2**20:.1f} MiB in "
-            f"float64) exceeds max_memory_bytes={max_memory_bytes}; raise the limit or use fewer training samples "
-            "or skip units"
-        )
-
-
-def psi_spectrum_streaming(
-    blocks: Callable[[slice], Iterable[Tensor]], num_samples: int, num_units: int, max_memory_bytes: int
-) -> PsiSpectrum:
-    """Spectrum of a Ψ that is produced in row blocks, holding at most about ``max_memory_bytes``.
-
-    - ``8·N·M <= max_memory_bytes``: Ψ is assembled and :func:`psi_spectrum` takes its SVD.
-    - otherwise, ``M <= N``: the M×M R factor of Ψ is accumulated over its row blocks (:func:`r_factor`,
-      one pass over the data), and its singular values are those of Ψ.
-    - otherwise (``M > N``): the N×N R factor of Ψᵀ is accumulated over column chunks of Ψ (N×w, w as large
-      as the limit allows), one pass over the data per chunk.
-
-    Both streaming routes hold ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit,
-    and they keep the SVD's accuracy and tolerance (``method="qr"``).
-
-    Args:
-        blocks: ``blocks(columns)`` yields the row blocks of ``Ψ[:, columns]``, top to bottom.
-        num_samples: N, the number of rows the blocks add up to.
-        num_units: M.
-        max_memory_bytes: Bytes Ψ (or its R factor and row buffer) may take.
-
-    Raises:
-        ValueError: If even twice the ``min(N, M)²`` R factor exceeds ``max_memory_bytes``, or the blocks do
-            not add up to N×M.
-    """
-    n, m = num_samples, num_units
-    if 8 * n * m <= max_memory_bytes:
-        psi = torch.cat([torch.as_tensor(b, dtype=torch.float64) for b in blocks(slice(None))])
-        if psi.shape != (n, m):
-            raise ValueError(f"the blocks of Ψ add up to {tuple(psi.shape)}, expected N x M = {n}x{m}")
-        return psi_spectrum(psi)
-    check_streaming_memory(n, m, max_memory_bytes)
-    k = min(n, m)
-    rows = (max_memory_bytes - 8 * k * k) // (8 * k)  # rows of k columns (Ψ when M <= N, Ψᵀ otherwise), >= k
-    if m <= n:
-        r = r_factor(blocks(slice(None)), rows)
-    else:
-        r = r_factor((torch.cat(list(blocks(slice(c, min(c + rows, m))))).T for c in range(0, m, rows)), rows)
-    if r.shape[1] != k:
-        raise ValueError(f"the streamed rows have {r.shape[1]} columns, expected min(N, M) = {k} for Ψ of {n}x{m}")
-    return _spectrum(torch.linalg.svdvals(r), n, m, "qr")
 
 
 # ------------------------------------------------------------------------------------------------ Lemma 2.1
@@ -331,7 +157,7 @@ class EscapePath:
 
     def plot(self, ax: Any = None) -> tuple[Any, Any]:
         """Loss along the segment, the current loss and ε/2; returns ``(fig, ax)``."""
-        fig, ax = _plot_axes(ax)
+        fig, ax = plot_axes(ax)
         ax.plot(self.lambdas.numpy(), self.losses.numpy(), "-", label="Φ(U, V(λ))")
         ax.axhline(self.start_loss, color="C1", ls="--", lw=0.8, label="current loss")
         ax.axhline(self.eps / 2, color="C2", ls=":", lw=0.8, label="ε/2")
@@ -379,7 +205,7 @@ def escape_path(
         >>> round(p.target_loss, 6), p.applies, p.in_sublevel_set
         (0.05, True, True)
     """
-    psi, V = _matrix64(psi, "psi"), _matrix64(V, "V")
+    psi, V = as_matrix64(psi, "psi"), as_matrix64(V, "V")
     n, m = psi.shape
     k = V.shape[1]
     y = torch.as_tensor(targets).detach().to(torch.int64)
@@ -514,10 +340,13 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
 # ------------------------------------------------------------------------------------------ 2-D loss slice
 @dataclass(frozen=True)
 class LossSurface:
-    """Loss on ``θ + α d1 + β d2`` over a square grid; ``losses[i, j]`` is at ``(alphas[i], betas[j])``."""
+    """Loss on ``θ + t₁ d₁ + t₂ d₂`` over a square grid; ``losses[i, j]`` is at ``(t1[i], t2[j])``.
 
-    alphas: Tensor
-    betas: Tensor
+    ``d₁``, ``d₂`` are the two filter-normalised directions, ``t₁``, ``t₂`` the steps along them.
+    """
+
+    t1: Tensor
+    t2: Tensor
     losses: Tensor
     center_loss: float
 
@@ -530,12 +359,14 @@ class LossSurface:
 
     def plot(self, ax: Any = None) -> tuple[Any, Any]:
         """Filled contour of ``log10`` of the loss, the current weights marked; returns ``(fig, ax)``."""
-        fig, ax = _plot_axes(ax)
-        a, b = torch.meshgrid(self.alphas, self.betas, indexing="ij")
+        fig, ax = plot_axes(ax)
+        a, b = torch.meshgrid(self.t1, self.t2, indexing="ij")
         cs = ax.contourf(a.numpy(), b.numpy(), self.losses.clamp_min(1e-12).log10().numpy(), levels=20)
-        fig.colorbar(cs, ax=ax, label="log10 loss")
-        ax.plot([0], [0], "w*", ms=8)
-        ax.set(xlabel="α (direction 1)", ylabel="β (direction 2)", title="loss surface, filter-normalised slice")
+        fig.colorbar(cs, ax=ax, label="log10 mean cross-entropy")
+        ax.plot([0], [0], "w*", ms=8, label="current weights")
+        ax.set(xlabel="step along direction 1 (t₁)", ylabel="step along direction 2 (t₂)",
+               title="loss surface, filter-normalised slice")
+        ax.legend(fontsize=8, loc="upper right")
         return fig, ax
 
 
@@ -557,7 +388,7 @@ def loss_surface_2d(
 ) -> LossSurface:
     """Loss on a plane through the current parameters along two filter-normalised random directions.
 
-    Sets each parameter to ``θ + α d1 + β d2`` for α, β on a ``num_points`` grid over ``[-span, span]``,
+    Sets each parameter to ``θ + t₁ d₁ + t₂ d₂`` for t₁, t₂ on a ``num_points`` grid over ``[-span, span]``,
     calls ``loss_fn()`` and restores the parameters exactly afterwards (also on error). Cost:
     ``num_points²`` calls of ``loss_fn``.
 
@@ -584,10 +415,10 @@ def loss_surface_2d(
     with torch.no_grad():
         center = float(loss_fn())
         try:
-            for i, a in enumerate(grid.tolist()):
-                for j, b in enumerate(grid.tolist()):
+            for i, t1 in enumerate(grid.tolist()):
+                for j, t2 in enumerate(grid.tolist()):
                     for p, p0, u, v in zip(params, saved, d1, d2):
-                        p.copy_(p0 + a * u + b * v)
+                        p.copy_(p0 + t1 * u + t2 * v)
                     losses[i, j] = float(loss_fn())
         finally:
             for p, p0 in zip(params, saved):

@@ -11,7 +11,7 @@ from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
 from lightning_nsv.compat import pl
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.valley import psi_spectrum
+from lightning_nsv.psi import psi_spectrum
 
 PSI_KEYS = {f"psi/{k}" for k in ("rank", "sigma_min", "sigma_max", "condition_number", "num_samples", "num_units",
                                  "full_rank")}
@@ -20,7 +20,7 @@ VALLEY_KEYS = {f"valley/{k}" for k in (
     "escape_start_loss", "escape_target_loss", "escape_max_loss", "escape_residual", "escape_applies",
     "escape_in_sublevel_set", "escape_convexity_gap", "escape_target_norm", "surface_center_loss",
     "surface_min_loss", "surface_max_loss", "assumption31_analytic_increasing", "assumption31_skip_activation",
-    "assumption31_m_ge_n", "assumption31_num_duplicates", "assumption31_satisfied")}
+    "assumption31_m_ge_n", "assumption31_num_duplicates", "assumption31_satisfied", "cross_entropy_model")}
 
 
 def _data(n=20):
@@ -137,6 +137,10 @@ def test_argument_errors():
         LossValleyMonitor(surface_points=1)
     with pytest.raises(ValueError, match="`surface_span` must be > 0, got -1"):
         LossValleyMonitor(surface_span=-1)
+    with pytest.raises(ValueError, match="`spectrum` can be fast, full, got 'svd'"):
+        PsiRankMonitor(spectrum="svd")
+    with pytest.raises(ValueError, match="`other_loss` can be warn, error, got 'ignore'"):
+        LossValleyMonitor(other_loss="ignore")
     with pytest.raises(ValueError, match=r"LossValleyMonitor holds Ψ \(20x24, 0.0 MiB in float64\), more than "
                                          r"max_memory_bytes=100; raise the limit or train on fewer samples"):
         _fit(_model(), [LossValleyMonitor(max_memory_bytes=100)])
@@ -175,3 +179,95 @@ def test_skip_networks_example_quick(tmp_path):
     assert (tmp_path / "skip_networks.png").stat().st_size > 0
     for run in ("original", "skip_rand", "skip_sgd", "summary"):
         assert list((tmp_path / "tensorboard" / run).glob("events.out.tfevents.*"))
+
+
+def test_fit_end_summaries(monkeypatch):
+    lines = []
+    monkeypatch.setattr("lightning_nsv.callbacks.psi_rank.rank_zero_info", lines.append)
+    psi, valley = PsiRankMonitor(log_figure=False), LossValleyMonitor(surface_points=0, log_figure=False)
+    with pytest.warns(UserWarning):  # M = 8 < N and ReLU
+        _fit(_model("relu", skip=0, mode="original"), [psi, valley])
+    psi_line, valley_lines = lines[0], lines[1].splitlines()
+    assert re.fullmatch(r"PsiRankMonitor: Ψ: N=20, M=8, rank \d < N \(σ_min \S+, cond \S+\): the no-bad-valley "
+                        r"condition does not hold", psi_line)
+    assert valley_lines[0].startswith("LossValleyMonitor: Lemma 2.1: mean cross-entropy ")
+    assert "vs log(2)/N = 0.0347 (N=20): not certified" in valley_lines[0]
+    assert valley_lines[1].startswith("LossValleyMonitor: escape path (Theorem 3.4): does not apply, Ψ V* = Y t* has "
+                                      "relative residual")
+    assert valley_lines[2] == ("LossValleyMonitor: Assumption 3.1: does not hold (analytic increasing activations, "
+                               "sigmoid-like or softplus skip units, M >= N): Theorem 3.4 does not apply")
+    lines.clear()
+    _fit(_model(), [PsiRankMonitor(log_figure=False), LossValleyMonitor(surface_points=0, log_figure=False)])
+    assert lines[0].endswith("rank 20 = N (" + lines[0].split("rank 20 = N (")[1]) and "condition holds" in lines[0]
+    assert "escape path (Theorem 3.4): applies" in lines[1] and lines[1].endswith("Assumption 3.1: satisfied")
+    lines.clear()
+    _fit(_model(), [PsiRankMonitor()], fast_dev_run=True)
+    assert lines == []  # nothing computed, nothing to say
+
+
+class _SquaredErrorSkip(SkipNetwork):
+    """A user's skip network trained with the squared error on one-hot targets."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_fn = nn.MSELoss()
+
+    def training_step(self, batch, batch_idx):
+        return self.loss_fn(self(batch[0]), F.one_hot(batch[1], self.num_classes).float())
+
+
+class _StepOverride(SkipNetwork):
+    def training_step(self, batch, batch_idx):
+        return F.multi_margin_loss(self(batch[0]), batch[1])
+
+
+def test_loss_valley_monitor_other_loss(monkeypatch):
+    from lightning_nsv.callbacks.loss_valley import declared_loss
+
+    lines = []
+    monkeypatch.setattr("lightning_nsv.callbacks.psi_rank.rank_zero_info", lines.append)
+    model = _SquaredErrorSkip.mlp(16, [8, 8, 8], 3, "softplus", num_skip_units=16, skip_seed=0, lr=0.05)
+    assert declared_loss(model) == "loss_fn = MSELoss" and declared_loss(_model()) is None
+    assert declared_loss(_StepOverride.mlp(16, [8], 3, num_skip_units=0, mode="original")) == (
+        "_StepOverride overrides training_step and declares no loss")
+    monitor = LossValleyMonitor(surface_points=0, log_figure=False)
+    with pytest.warns(UserWarning, match=r"LossValleyMonitor: the certificates of Nguyen et al. \(2019\) are about "
+                                         r"the mean cross-entropy, but the model trains with another loss "
+                                         r"\(loss_fn = MSELoss\)"):
+        _fit(model, [monitor])
+    assert monitor.last_metrics["cross_entropy_model"] == 0.0
+    assert lines[0].splitlines()[0] == (
+        "LossValleyMonitor: the model trains with another loss (loss_fn = MSELoss): the verdicts below are about the "
+        "cross-entropy of its outputs, not its training objective")
+    with pytest.raises(ValueError, match=r"trains with another loss \(loss_fn = MSELoss\).*; pass other_loss='warn'"):
+        _fit(model, [LossValleyMonitor(other_loss="error")])
+
+
+def _seeded_fit(max_epochs, ckpt_path=None, save_to=None):
+    pl.seed_everything(0, verbose=False)
+    psi, valley = PsiRankMonitor(log_figure=False), LossValleyMonitor(surface_points=3, path_points=5, log_figure=False)
+    x, y = _data()
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, callbacks=[psi, valley], enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, deterministic=True)
+    trainer.fit(_model(), DataLoader(TensorDataset(x, y), batch_size=10, shuffle=False), ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return trainer, psi, valley
+
+
+def test_resume_from_checkpoint_matches_an_uninterrupted_run(tmp_path):
+    path = tmp_path / "epoch2.ckpt"
+    _, psi2, valley2 = _seeded_fit(2, save_to=path)
+    states = torch.load(path, weights_only=True)["callbacks"]  # plain values only
+    assert states[psi2.state_key] == psi2.state_dict() and states[valley2.state_key] == valley2.state_dict()
+    _, psi_loaded, valley_loaded = _seeded_fit(2, ckpt_path=path)  # nothing left to train: state as loaded
+    assert psi_loaded.last_epoch == 1 and psi_loaded.last_metrics == psi2.last_metrics
+    assert valley_loaded.last_metrics == valley2.last_metrics
+    resumed, psi_resumed, valley_resumed = _seeded_fit(4, ckpt_path=path)
+    straight, psi_straight, valley_straight = _seeded_fit(4)
+    assert psi_resumed.last_epoch == psi_straight.last_epoch == 3
+    assert psi_resumed.last_metrics == pytest.approx(psi_straight.last_metrics, rel=1e-12)
+    assert valley_resumed.last_metrics == pytest.approx(valley_straight.last_metrics, rel=1e-12)
+    keys = [k for k in straight.callback_metrics if k.startswith(("psi/", "valley/", "train_"))]
+    assert {k: float(resumed.callback_metrics[k]) for k in keys} == pytest.approx(
+        {k: float(straight.callback_metrics[k]) for k in keys}, rel=1e-6)

@@ -6,13 +6,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.valley import (
+    LOG2,
     Assumption31Checks,
     LossSurface,
     assumption31_checks,
@@ -20,6 +21,30 @@ from lightning_nsv.valley import (
     lemma21_certificate,
     loss_surface_2d,
 )
+
+
+_CROSS_ENTROPY_NAMES = ("cross_entropy", "crossentropy", "ce", "cross-entropy", "nll", "log_loss")
+
+
+def declared_loss(pl_module: pl.LightningModule) -> str | None:
+    """A description of the training loss ``pl_module`` declares when it is not the cross-entropy, else None.
+
+    Looked up: the attributes ``loss``, ``loss_fn``, ``criterion`` (a module, a function or a name) and
+    ``hparams["loss"]``. A module that overrides ``training_step`` of :class:`SkipNetwork` and declares no
+    loss is reported too (its loss cannot be told)."""
+    hparams = getattr(pl_module, "hparams", {}) or {}
+    declared = [(f"hparams['{key}']", hparams[key]) for key in ("loss", "loss_fn", "criterion") if key in hparams]
+    declared += [(name, getattr(pl_module, name)) for name in ("loss", "loss_fn", "criterion")
+                 if name in vars(pl_module) or name in getattr(pl_module, "_modules", {})]
+    for where, loss in declared:
+        if isinstance(loss, nn.CrossEntropyLoss) or loss is F.cross_entropy:
+            continue
+        name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+        if str(name).lower().replace(" ", "_") not in _CROSS_ENTROPY_NAMES:
+            return f"{where} = {name}"
+    if not declared and type(pl_module).training_step is not SkipNetwork.training_step:
+        return f"{type(pl_module).__name__} overrides training_step and declares no loss"
+    return None
 
 
 class LossValleyMonitor(_SkipNetworkMonitor):
@@ -40,6 +65,15 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     - **Assumption 3.1**, checked once at the start of training: activation class (ReLU/Leaky-ReLU are outside
       the theory), ``M >= N``, duplicate training inputs. A failing check is logged as 0 and reported once
       in a rank-zero warning with its reason.
+
+    The certificates are about the mean **cross-entropy** (the loss of :class:`SkipNetwork`). A model that
+    declares another training loss (:func:`declared_loss`: ``loss``/``loss_fn``/``criterion`` attributes or
+    hyperparameters, or an overridden ``training_step`` without one) gets a rank-zero warning at the start,
+    ``valley/cross_entropy_model`` = 0 and the caveat in the end-of-fit summary; ``other_loss="error"``
+    refuses such a model instead.
+
+    At the end of fit, rank zero prints the verdicts (``rank_zero_info``, one line each): Lemma 2.1, the
+    escape path, Assumption 3.1.
 
     Memory and time: Ψ (``8·N·M`` bytes) is held for the least-squares solve, so ``N·M·8`` must fit
     ``max_memory_bytes`` (checked at the start); the solve costs O(N·M·min(N, M)); the slice costs
@@ -64,6 +98,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
       ``surface_points > 0``).
     - ``valley/assumption31_analytic_increasing``, ``valley/assumption31_skip_activation``,
       ``valley/assumption31_m_ge_n``, ``valley/assumption31_num_duplicates``, ``valley/assumption31_satisfied``.
+    - ``valley/cross_entropy_model``: 1.0 if the model trains with the cross-entropy the certificates are about.
 
     Figures (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``valley/escape_path`` and ``valley/loss_surface``.
 
@@ -77,12 +112,14 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         seed: Seed of the slice's directions.
         batch_size: Samples per forward pass.
         max_memory_bytes: Largest Ψ (``8·N·M`` bytes) the callback may hold.
-        log_figure: Send the figures to TensorBoard loggers.
+        log_figure: Send the figures to the loggers (or files).
         prefix: Prefix of the logged keys and figure tags.
+        other_loss: ``"warn"`` or ``"error"``: what to do with a model trained with another loss than the
+            cross-entropy.
 
     Raises:
         ValueError: On arguments out of range here; from ``on_train_start`` when Ψ exceeds
-            ``max_memory_bytes``.
+            ``max_memory_bytes``, or when the model declares another loss and ``other_loss="error"``.
         TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
 
     Example::
@@ -105,8 +142,13 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         max_memory_bytes: int = 2**30,
         log_figure: bool = True,
         prefix: str = "valley/",
+        other_loss: str = "warn",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
+        if other_loss not in ("warn", "error"):
+            raise ValueError(f"`other_loss` can be warn, error, got {other_loss!r}")
+        self.other_loss = other_loss
+        self.other_loss_found: str | None = None
         if eps is not None and not eps > 0:
             raise ValueError(f"`eps` must be > 0 (the loss at V* is eps/2) or None for log(2)/N, got {eps}")
         if path_points < 2:
@@ -129,8 +171,20 @@ class LossValleyMonitor(_SkipNetworkMonitor):
                 f"{type(self).__name__} holds Ψ ({n}x{m}, {8 * n * m / 2**20:.1f} MiB in float64), more than "
                 f"max_memory_bytes={self.max_memory_bytes}; raise the limit or train on fewer samples"
             )
+        self._check_loss(pl_module)
         if trainer.is_global_zero:
             self._check_assumptions(loader, pl_module)
+
+    def _check_loss(self, pl_module: pl.LightningModule) -> None:
+        self.other_loss_found = declared_loss(pl_module)
+        if self.other_loss_found is None:
+            return
+        message = (f"{type(self).__name__}: the certificates of Nguyen et al. (2019) are about the mean cross-entropy, "
+                   f"but the model trains with another loss ({self.other_loss_found}); they describe the "
+                   "cross-entropy of the model's outputs, not its training objective")
+        if self.other_loss == "error":
+            raise ValueError(message + "; pass other_loss='warn' to compute them anyway")
+        rank_zero_warn(message)
 
     def _check_assumptions(self, loader: Any, pl_module: SkipNetwork) -> None:
         batches = list(loader)
@@ -156,6 +210,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
                 f"residual {path.residual:.2e} (Ψ is {psi.shape[0]}x{psi.shape[1]}; it needs rank Ψ = N)"
             )
         results = {
+            "loss": _LossKind(self.other_loss_found is None),
             "assumption31": self.checks,
             "lemma21": lemma21_certificate(F.cross_entropy(logits, y, reduction="none")),
             "escape_path": path,
@@ -176,9 +231,50 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             return loss_surface_2d(loss, list(pl_module.parameters()), self.surface_span, self.surface_points,
                                    self.seed)
 
+    def _summary(self) -> list[str]:
+        m = self.last_metrics
+        lines = []
+        if not m.get("cross_entropy_model", 1.0):
+            lines.append(f"the model trains with another loss ({self.other_loss_found or 'not cross-entropy'}): the "
+                         "verdicts below are about the cross-entropy of its outputs, not its training objective")
+        n = round(LOG2 / m["lemma21_threshold"])
+        lemma = "certified: zero training error" if m["lemma21_certified"] else "not certified"
+        per_sample = ("every per-sample loss < log 2: zero training error" if m["per_sample_certified"] else
+                      f"{int(m['num_losses_ge_log2'])} per-sample losses >= log 2")
+        lines.append(f"Lemma 2.1: mean cross-entropy {m['mean_loss']:.3g} vs log(2)/N = {m['lemma21_threshold']:.3g} "
+                     f"(N={n}): {lemma}; {per_sample}")
+        if m["escape_applies"]:
+            path = ("stays in the sublevel set of the current loss" if m["escape_in_sublevel_set"] else
+                    "leaves the sublevel set (rounding?)")
+            lines.append(f"escape path (Theorem 3.4): applies, the path to a loss of {m['escape_target_loss']:.3g} "
+                         f"{path} (max {m['escape_max_loss']:.3g}, current {m['escape_start_loss']:.3g})")
+        else:
+            lines.append(f"escape path (Theorem 3.4): does not apply, Ψ V* = Y t* has relative residual "
+                         f"{m['escape_residual']:.2e} (it needs rank Ψ = N)")
+        if m["assumption31_satisfied"]:
+            lines.append("Assumption 3.1: satisfied")
+        else:
+            failed = [name for key, name in (("assumption31_analytic_increasing", "analytic increasing activations"),
+                                             ("assumption31_skip_activation", "sigmoid-like or softplus skip units"),
+                                             ("assumption31_m_ge_n", "M >= N")) if not m[key]]
+            if m["assumption31_num_duplicates"]:
+                failed.append(f"distinct inputs ({int(m['assumption31_num_duplicates'])} duplicates)")
+            lines.append(f"Assumption 3.1: does not hold ({', '.join(failed)}): Theorem 3.4 does not apply")
+        return lines
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "warned_escape": self._warned_escape}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._warned_escape = state_dict.get("warned_escape", self._warned_escape)
+
+
+class _LossKind:
+    """Whether the model trains with the cross-entropy, as a logged result."""
+
+    def __init__(self, cross_entropy: bool) -> None:
+        self.cross_entropy = cross_entropy
+
+    def to_metrics(self) -> dict[str, float]:
+        return {"cross_entropy_model": float(self.cross_entropy)}

@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_nsv.callbacks.sinks import FigureSink
-from lightning_nsv.compat import Callback, pl
+from lightning_nsv.compat import Callback, pl, rank_zero_info
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.valley import check_streaming_memory, psi_spectrum_streaming
+from lightning_nsv.psi import SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
@@ -69,7 +69,15 @@ class _SkipNetworkMonitor(Callback):
             return
         self._run(trainer, pl_module)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.last_metrics:
+            rank_zero_info("\n".join(f"{type(self).__name__}: {line}" for line in self._summary()))
+
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _summary(self) -> list[str]:
+        """Lines of the end-of-fit summary, from :attr:`last_metrics` (so also after a resume)."""
         raise NotImplementedError
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
@@ -103,13 +111,15 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     condition of Lemma 3.2 / Theorem 3.4. Rank 0 computes, the numbers are broadcast, every rank logs the
     same keys. Skipped during sanity checking and ``fast_dev_run``.
 
-    Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and its singular values
-    come from an SVD. Above it, Ψ is never held: the R factor of a QR factorisation of Ψ (M×M, when M <= N,
+    Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and σ_min, σ_max and the rank
+    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default its fast route (pivoted Cholesky of the Gram
+    matrix, Lanczos and an exact Rayleigh–Ritz step, checked, exact fallback; the figure shows the largest
+    and smallest singular values), with ``spectrum="full"`` a full SVD (all singular values). Above it, Ψ is never held: the R factor of a QR factorisation of Ψ (M×M, when M <= N,
     updated over batches of rows in one pass over the data) or of Ψᵀ (N×N, when M > N, updated over column
     chunks of Ψ, one pass per chunk) is accumulated in float64 and its singular values, which are Ψ's,
     are taken; only ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit are held.
     Unlike the Gram matrix ΨᵀΨ, R does not square the condition number, so this route keeps the SVD's
-    accuracy and tolerance (see :func:`~lightning_nsv.valley.psi_spectrum_streaming`). If the limit is below
+    accuracy and tolerance (see :func:`~lightning_nsv.psi.psi_spectrum_streaming`). If the limit is below
     ``16·min(N, M)²`` bytes too, training stops at its start with an error that says so.
 
     **Logged metrics** (``prefix`` defaults to ``"psi/"``), via ``pl_module.log`` at the end of a training
@@ -123,17 +133,23 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     - ``psi/num_units``: M.
     - ``psi/full_rank``: 1.0 if rank = N, else 0.0.
 
-    Figure (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``psi/spectrum``, the singular values on a log scale with the tolerance.
+    Figure (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``psi/spectrum``,
+    the singular values on a log scale with the tolerance.
+
+    At the end of fit, rank zero prints one line (``rank_zero_info``), e.g. ``PsiRankMonitor: Ψ: N=400,
+    M=464, rank 347 < N (σ_min 3.1e-15, cond 2.4e+18): the no-bad-valley condition does not hold``.
 
     Args:
         every_n_epochs: Run after every n-th training epoch.
         batch_size: Samples per forward pass when computing Ψ.
         max_memory_bytes: Largest Ψ (``8·N·M`` bytes) to assemble; above it the streaming QR route is taken.
-        log_figure: Send the spectrum figure to TensorBoard loggers.
+        log_figure: Send the spectrum figure to the loggers (or files).
         prefix: Prefix of the logged keys and the figure tag.
+        spectrum: ``"fast"`` (σ_min, σ_max, rank without a full SVD) or ``"full"`` (all singular values).
 
     Raises:
-        ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``; from
+        ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``, an unknown
+            ``spectrum``; from
             ``on_train_start`` when even the streaming route does not fit ``max_memory_bytes``.
         TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
 
@@ -153,8 +169,12 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: int = 2**30,
         log_figure: bool = True,
         prefix: str = "psi/",
+        spectrum: str = "fast",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
+        if spectrum not in SPECTRA:
+            raise ValueError(f"`spectrum` can be {', '.join(SPECTRA)}, got {spectrum!r}")
+        self.spectrum = spectrum
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # on every rank, so that all of them stop rather than wait for rank 0 at the broadcast
@@ -164,5 +184,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
         loader = _training_loader(self, trainer, self.batch_size)
         spectrum = psi_spectrum_streaming(lambda cols: pl_module.iter_psi(loader, cols), len(loader.dataset),
-                                          pl_module.num_units, self.max_memory_bytes)
+                                          pl_module.num_units, self.max_memory_bytes, self.spectrum)
         return {"spectrum": spectrum}
+
+    def _summary(self) -> list[str]:
+        return [spectrum_summary(self.last_metrics)]

@@ -1,0 +1,202 @@
+"""Ψ's spectrum and rank (lightning_nsv.psi): the full SVD, the streaming R factor and the fast route against
+torch.linalg.svdvals / matrix_rank on hand-made and known-spectrum matrices."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_nsv.psi import (
+    EPS64,
+    matrix_with_singular_values,
+    psi_spectrum,
+    psi_spectrum_streaming,
+    r_factor,
+    spectrum_summary,
+)
+
+
+def _low_rank(n, m, r, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, r, generator=g, dtype=torch.float64) @ torch.randn(r, m, generator=g, dtype=torch.float64)
+
+
+CASES = {
+    "full_wide": (_low_rank(20, 45, 20), 20),
+    "full_tall": (_low_rank(30, 12, 12), 12),
+    "deficient_wide": (_low_rank(20, 45, 7), 7),
+    "deficient_tall": (_low_rank(30, 12, 5), 5),
+    "duplicate_rows": (torch.cat([_low_rank(10, 25, 10)] * 2), 10),
+    "zero_column": (torch.cat([_low_rank(8, 9, 8), torch.zeros(8, 1, dtype=torch.float64)], 1), 8),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_psi_spectrum_matches_matrix_rank_and_svd(name):
+    psi, rank = CASES[name]
+    spec = psi_spectrum(psi.to(torch.float32).numpy() if name == "full_wide" else psi, "full")
+    psi = psi.to(torch.float32).to(torch.float64) if name == "full_wide" else psi
+    assert spec.rank == rank == int(torch.linalg.matrix_rank(psi))
+    s = torch.linalg.svdvals(psi)
+    assert spec.sigma_max == pytest.approx(float(s[0]), rel=1e-12)
+    assert spec.sigma_min == pytest.approx(float(s[-1]), abs=1e-12 * float(s[0]))
+    assert spec.tolerance == pytest.approx(float(s[0]) * max(psi.shape) * torch.finfo(torch.float64).eps)
+    assert spec.full_rank == (rank == psi.shape[0])
+    metrics = spec.to_metrics()
+    assert set(metrics) == {"rank", "sigma_min", "sigma_max", "condition_number", "num_samples", "num_units",
+                            "full_rank"}
+    assert (metrics["num_samples"], metrics["num_units"]) == tuple(float(d) for d in psi.shape)
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_psi_spectrum_is_not_centred_and_condition_number():
+    psi = torch.ones(3, 2, dtype=torch.float64)  # centring would make it zero
+    spec = psi_spectrum(psi)
+    assert spec.rank == 1 and not spec.full_rank
+    assert spec.sigma_max == pytest.approx(math.sqrt(6))
+    assert spec.condition_number > 1e12 or spec.condition_number == math.inf
+    assert psi_spectrum(torch.diag(torch.tensor([4.0, 2.0]))).condition_number == pytest.approx(2.0)
+
+
+def test_psi_spectrum_errors():
+    with pytest.raises(ValueError, match=r"`psi` must be a non-empty 2-D matrix, got shape \(3,\)"):
+        psi_spectrum(torch.ones(3))
+    with pytest.raises(ValueError, match=r"got shape \(0, 3\)"):
+        psi_spectrum(torch.ones(0, 3))
+
+
+def _ill_conditioned(n, m, seed=0):
+    """Singular values 1 .. 1e-12 (rank min(n, m) at the float64 tolerance): a Gram matrix would lose the tail."""
+    g = torch.Generator().manual_seed(seed)
+    k = min(n, m)
+    u = torch.linalg.qr(torch.randn(n, k, generator=g, dtype=torch.float64)).Q
+    v = torch.linalg.qr(torch.randn(m, k, generator=g, dtype=torch.float64)).Q
+    return u @ torch.diag(torch.logspace(0, -12, k, dtype=torch.float64)) @ v.T
+
+
+CASES["ill_wide"] = (_ill_conditioned(15, 40), 15)
+CASES["ill_tall"] = (_ill_conditioned(40, 15), 15)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 100])
+@pytest.mark.parametrize("name", ["full_tall", "deficient_tall", "ill_tall", "duplicate_rows"])
+def test_r_factor_has_the_singular_values_of_the_stacked_matrix(name, rows):
+    psi, rank = CASES[name]
+    r = r_factor((psi[i:i + 3] for i in range(0, len(psi), 3)), rows_per_qr=rows)
+    assert r.shape == (min(psi.shape), psi.shape[1])
+    direct = torch.linalg.svdvals(psi)
+    torch.testing.assert_close(torch.linalg.svdvals(r), direct, rtol=1e-9, atol=1e-13 * float(direct[0]))
+    with pytest.raises(ValueError, match="`blocks` yielded no block"):
+        r_factor([], 4)
+
+
+@pytest.mark.parametrize("name", ["full_wide", "full_tall", "deficient_wide", "deficient_tall", "ill_wide", "ill_tall"])
+@pytest.mark.parametrize("limit", ["direct", "streaming"])
+def test_streaming_routes_agree_with_direct_svd(name, limit):
+    psi, rank = CASES[name]
+    n, m = psi.shape
+    k, calls = min(n, m), []
+
+    def blocks(cols):
+        calls.append(cols)
+        return (psi[i:i + 7, cols] for i in range(0, n, 7))
+
+    max_bytes = 8 * n * m if limit == "direct" else 8 * k * k + 8 * k * k  # R plus k buffered rows
+    spec, direct = psi_spectrum_streaming(blocks, n, m, max_bytes), psi_spectrum(psi)
+    assert spec.method == ("svd" if limit == "direct" else "qr")
+    assert spec.rank == direct.rank == rank
+    assert spec.tolerance == pytest.approx(direct.tolerance, rel=1e-9)
+    s0 = float(direct.singular_values[0])  # singular values are accurate to about eps·σ_max in absolute terms
+    torch.testing.assert_close(spec.singular_values[:rank], direct.singular_values[:rank], rtol=1e-8, atol=1e-14 * s0)
+    if limit == "streaming" and m > n:  # the rows of Ψᵀ come from column chunks of width k
+        assert len(calls) == math.ceil(m / k) and calls[0] == slice(0, k)
+
+
+def test_streaming_errors():
+    psi = _low_rank(10, 12, 10)
+    with pytest.raises(ValueError, match=r"even its 10x10 R factor with as many buffered rows .* exceeds "
+                                         r"max_memory_bytes=100; raise the limit"):
+        psi_spectrum_streaming(lambda cols: [psi[:, cols]], 10, 12, 100)
+    with pytest.raises(ValueError, match=r"the blocks of Ψ add up to \(5, 12\), expected N x M = 10x12"):
+        psi_spectrum_streaming(lambda cols: [psi[:5, cols]], 10, 12, 10**6)
+    with pytest.raises(ValueError, match=r"the streamed rows have 12 columns, expected min\(N, M\) = 10"):
+        psi_spectrum_streaming(lambda cols: [psi[:, cols]], 40, 10, 2000)  # claims N = 40, M = 10
+
+
+
+
+# ------------------------------------------------------------------------------------------------ fast route
+def _known(kind, k):
+    r, gap = int(0.7 * k), k // 10
+    return {
+        "full": np.logspace(0, -6, k),
+        "deficient": np.concatenate([np.logspace(0, -4, r), np.zeros(k - r)]),
+        "near_deficient": np.concatenate([np.logspace(0, -3, k - gap), np.full(gap, 1e-8)]),
+    }[kind]
+
+
+@pytest.fixture
+def fast_everywhere(monkeypatch):
+    monkeypatch.setattr("lightning_nsv.psi.SMALL_SIDE", 0)  # small matrices take the fast route too
+
+
+@pytest.mark.parametrize("kind", ["full", "deficient", "near_deficient"])
+@pytest.mark.parametrize("shape", [(120, 150), (150, 120), (100, 100)])
+def test_fast_route_matches_svdvals(kind, shape, fast_everywhere):
+    n, m = shape
+    s = _known(kind, min(n, m))
+    psi = matrix_with_singular_values(s, n, m, seed=n + m)
+    exact = torch.linalg.svdvals(psi)
+    fast = psi_spectrum(psi)
+    assert fast.method == "gram" and fast.singular_values is None
+    assert fast.rank == int(torch.linalg.matrix_rank(psi)) == int((s > s[0] * max(n, m) * EPS64).sum())
+    assert fast.sigma_max == pytest.approx(float(exact[0]), rel=1e-12)
+    assert fast.tolerance == pytest.approx(float(exact[0]) * max(n, m) * EPS64, rel=1e-12)
+    if s[-1] > 0:
+        assert fast.sigma_min == pytest.approx(s[-1], rel=1e-6) and fast.sigma_min == pytest.approx(float(exact[-1]),
+                                                                                                    rel=1e-6)
+        torch.testing.assert_close(fast.bottom, exact[-len(fast.bottom):], rtol=1e-6, atol=0)
+    else:
+        assert fast.sigma_min < fast.tolerance and float(exact[-1]) < fast.tolerance
+    torch.testing.assert_close(fast.top, exact[:len(fast.top)], rtol=1e-10, atol=0)
+    assert fast.full_rank == (fast.rank == n)
+
+
+@pytest.mark.parametrize("factor", [0.3, 3.0])
+def test_fast_route_falls_back_near_the_tolerance(factor, fast_everywhere):
+    n, m = 90, 110
+    tol = m * EPS64
+    s = np.concatenate([np.logspace(0, -2, 85), np.full(5, factor * tol)])
+    psi = matrix_with_singular_values(s, n, m, seed=3)
+    fast, full = psi_spectrum(psi), psi_spectrum(psi, "full")
+    assert fast.method == "qr" and fast.rank == full.rank == int(torch.linalg.matrix_rank(psi))
+    assert fast.rank == (90 if factor > 1 else 85)
+
+
+def test_matrix_with_singular_values_and_errors():
+    s = np.array([3.0, 2.0, 0.5])
+    a = matrix_with_singular_values(s, 5, 7, seed=1)
+    assert a.shape == (5, 7) and a.dtype == torch.float64
+    torch.testing.assert_close(torch.linalg.svdvals(a)[:3], torch.from_numpy(s))
+    assert float((a == 0).sum()) == 0  # dense
+    with pytest.raises(ValueError, match=r"at most min\(rows, cols\) = 2 singular values, got shape \(3,\)"):
+        matrix_with_singular_values(s, 2, 7)
+    with pytest.raises(ValueError, match="`spectrum` can be fast, full, got 'exact'"):
+        psi_spectrum(torch.eye(3), "exact")
+
+
+def test_threads_restored_summary_and_fast_plot(fast_everywhere):
+    threads = torch.get_num_threads()
+    psi = matrix_with_singular_values(_known("deficient", 40), 40, 50, seed=0)
+    spec = psi_spectrum(psi, torch_threads=1, num_extremes=4)
+    assert torch.get_num_threads() == threads
+    assert len(spec.top) == len(spec.bottom) == 4
+    assert spec.summary() == spectrum_summary(spec.to_metrics())
+    assert spec.summary().startswith("Ψ: N=40, M=50, rank 28 < N (σ_min ")
+    assert spec.summary().endswith("): the no-bad-valley condition does not hold")
+    full = psi_spectrum(torch.eye(3))
+    assert full.summary() == "Ψ: N=3, M=3, rank 3 = N (σ_min 1, cond 1): the no-bad-valley condition holds"
+    for result in (spec, full):
+        fig, ax = result.plot()
+        assert ax.get_xlabel() == "index i (descending order)" and ax.get_ylabel() == "singular value σᵢ of Ψ"
+    assert [line.get_label() for line in spec.plot()[1].get_lines()][:2] == ["largest 4", "smallest 4"]
