@@ -46,6 +46,7 @@ __all__ = [
     "max_margin_decision",
     "plot_agreement",
     "plot_decision_boundaries",
+    "plot_max_margin_approach",
     "plot_path_weights",
     "plot_sweep",
     "plot_unique_patterns",
@@ -382,4 +383,20 @@ def plot_unique_patterns(rows: Sequence[dict[str, Any]], n_test: int | None = No
     if n_test is not None:
         ax.axhline(n_test, color="0.5", ls=":", lw=0.8, label=f"test samples ({n_test})")
     ax.legend(fontsize=8, title=error_bar_caption(rows, "m"), title_fontsize=8)
+    return fig, ax
+
+
+def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], margin_ratio: Sequence[float],
+                             title: str = "approach to the max-margin classifier"):
+    """Cosine of ``wbar`` and ``v`` and the margin ratio against the epoch (log axis), one point per analysis."""
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.plot(epochs, cosine, "o-", label="cos(w̄, v)")
+    ax.plot(epochs, margin_ratio, "s-", label="margin ratio")
+    ax.set_xscale("log")
+    ax.set_xlabel("epoch (log scale)")
+    ax.set_ylabel("value (1 = max-margin)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
     return fig, ax

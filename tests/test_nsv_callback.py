@@ -228,6 +228,10 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     assert all(0 < r <= 1 for r in ratios)
     assert len(logged["nsv/support_jaccard_previous"]) == len(ratios) - 1  # from the second analysis on
     assert all(0 <= j <= 1 for j in logged["nsv/support_jaccard_previous"])
+    assert len(logged["nsv/patterns_changed"]) == len(ratios) - 1
+    assert all(0 <= c <= 200 for c in logged["nsv/patterns_changed"])
+    images = EventAccumulator(str(run.logger.log_dir)).Reload().Tags()["images"]
+    assert "nsv/max_margin_approach" in images
     assert [h["epoch"] for h in callback.history] == [float(e) for e in range(callback.zero_error_epoch, 32, 2)][
         : len(ratios)]
     assert len(list((Path(run.logger.log_dir) / "nsv").glob("*.pt"))) == len(ratios)

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -99,8 +100,10 @@ class NetworkSupportVectors(Callback):
         ``svm_alpha_at_bound``, ``unique_patterns_train``, ``unique_patterns_val``, ``val_agreement``,
         ``val_errors_network``, ``val_errors_svm``, ``val_errors_both``, ``compression_bound``,
         ``path_positive_mass_fraction``, ``path_positive_count_fraction``, ``path_negative_count``,
-        ``path_zero_count``; from the second analysis on, ``support_jaccard_previous`` (overlap with the last
-        support set). The same metrics are registered in TensorBoard's HParams tab, and the report goes to its
+        ``path_zero_count``; from the second analysis on (``stop_on_zero_error=False``),
+        ``support_jaccard_previous`` (overlap with the last support set), ``patterns_changed`` (training samples
+        whose activation pattern changed since the last analysis) and the figure ``nsv/max_margin_approach``
+        (cosine and margin ratio against log epoch). For K-class heads also ``n_support_class<k>``. The same metrics are registered in TensorBoard's HParams tab, and the report goes to its
         Text tab (``nsv/report``). Figures (TensorBoard, a logger with ``log_image``, else PNG files under
         ``<save_dir>/figures``): ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram),
         ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
@@ -177,6 +180,7 @@ class NetworkSupportVectors(Callback):
         self._warned: set[str] = set()
         self._diverged = False
         self._epoch: int | None = None
+        self._previous_patterns: Tensor | None = None
 
     @property
     def state_key(self) -> str:
@@ -256,6 +260,7 @@ class NetworkSupportVectors(Callback):
             "history": [dict(h) for h in self.history],
             "hard": list(self._hard),
             "previous_support": list(self._previous_support),
+            "previous_patterns": self._previous_patterns,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -264,6 +269,7 @@ class NetworkSupportVectors(Callback):
         self.history = [dict(h) for h in state_dict.get("history", [])]
         self._hard = list(state_dict.get("hard", []))
         self._previous_support = list(state_dict.get("previous_support", []))
+        self._previous_patterns = state_dict.get("previous_patterns")
 
     def _should_skip(self, trainer: pl.Trainer) -> bool:
         return (
@@ -522,10 +528,33 @@ class NetworkSupportVectors(Callback):
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis), step)
         _register_hparams(trainer, pl_module, analysis.to_metrics())
+        metrics = analysis.to_metrics()
+        changed = self._patterns_changed(net, x_train)
+        if changed is not None:
+            metrics["patterns_changed"] = float(changed)
+        if self.history:
+            from lightning_nsv.plotting import plot_max_margin_approach
+
+            series = [*self.history, {"epoch": float(epoch), **metrics}]
+            sink.figure("nsv/max_margin_approach", plot_max_margin_approach(
+                [max(h["epoch"], 1.0) for h in series], [h["cosine_wbar_v"] for h in series],
+                [h.get("margin_ratio", float("nan")) for h in series])[0], step)
         self._log_figures(trainer, dataset, analysis, sink)
         if net.num_outputs == 1:
             self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
-        return {**analysis.to_metrics(), "_support": analysis.svm.support_.tolist()}
+        return {**metrics, "_support": analysis.svm.support_.tolist()}
+
+    def _patterns_changed(self, net, x_train: Tensor) -> int | None:
+        """Training samples whose activation pattern changed since the last analysis (None at the first)."""
+        slopes = forward_with_slopes(net, x_train)[1]
+        if not slopes:
+            return None
+        bits = torch.cat([s == g for s, g in zip(slopes, net.gammas)], dim=1).numpy()
+        packed = torch.from_numpy(np.packbits(bits, axis=1))
+        previous, self._previous_patterns = self._previous_patterns, packed
+        if previous is None or previous.shape != packed.shape:
+            return None
+        return int((previous != packed).any(1).sum())
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
