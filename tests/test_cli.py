@@ -29,7 +29,7 @@ def test_demo_config_reaches_zero_error_and_logs_the_analysis(tmp_path, caplog, 
     assert {"nsv/n_support", "nsv/margin_ratio", "nsv/cosine_wbar_v", "nsv/kkt_residual"} <= set(tags)
     printed = capsys.readouterr().out  # the progress bar is on: the report goes through it, on lines of its own
     assert "\nnetwork support vectors:" in printed and "of m=400" in printed
-    assert "computing the dense path kernel for m = 400" in printed
+    assert "computing the path kernel columns of candidate support vectors for m = 400" in printed
     assert list((version / "nsv").glob("support_vectors_epoch*.pt"))
     config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"

@@ -118,8 +118,8 @@ def test_path_network_validation_messages():
         PathNetwork.from_tensors(w, None, [0.1, 0.1], [1.0])
     with pytest.raises(ValueError, match="weights\\[1\\] has shape \\(1, 2\\)"):
         PathNetwork.from_tensors([torch.randn(3, 4), torch.randn(1, 2)], None, [0.1], [1.0])
-    with pytest.raises(ValueError, match="output layer must have 1 unit, got 2"):
-        PathNetwork.from_tensors([torch.randn(3, 4), torch.randn(2, 3)], None, [0.1], [1.0])
+    with pytest.raises(ValueError, match="output layer must have at least 1 unit, got 0"):
+        PathNetwork.from_tensors([torch.randn(3, 4), torch.randn(0, 3)], None, [0.1], [1.0])
     with pytest.raises(ValueError, match="bias sizes"):
         PathNetwork.from_tensors(w, [torch.randn(2), torch.randn(1)], [0.1], [1.0])
     net = PathNetwork.from_tensors(w, None, [0.1], [1.0])
