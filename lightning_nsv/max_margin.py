@@ -25,7 +25,7 @@ import torch
 
 from lightning_nsv.threads import single_threaded_blas
 
-__all__ = ["MaxMarginResult", "NotSeparableError", "max_margin"]
+__all__ = ["MaxMarginResult", "NotSeparableError", "max_margin", "pair_max_margin"]
 
 KernelColumns = Callable[[np.ndarray], np.ndarray]
 LIBSVM_TOL = 1e-5
@@ -156,6 +156,49 @@ def max_margin(
     return _active_set(columns, y, scale, tol, max_iter, initial)
 
 
+def pair_max_margin(
+    sample_columns: KernelColumns,
+    labels: np.ndarray,
+    num_classes: int,
+    *,
+    kernel_diag: np.ndarray,
+    tol: float = 1e-10,
+    max_iter: int | None = None,
+    initial: np.ndarray | None = None,
+) -> MaxMarginResult:
+    """The multi-class pair problem of DESIGN.md §2b, exactly, in its structured form.
+
+    The same dual and active-set method as :func:`max_margin` with every label +1 on the ``m(K − 1)`` pairs
+    ``p = (i, k)``, ``k ≠ y_i`` (sample-major, classes ascending), ``Q_pq = K(x_i, x_j) c_pq``; but ``Q`` is never
+    formed column by column: sample kernel columns ``K(·, x_j)`` are asked for once per sample that has a candidate
+    pair (``8·m·s_samples`` bytes), ``Q[:, F] α`` is ``f_{y_i}(x_i) − f_k(x_i)`` with ``f = K[:, S] β`` (an
+    ``m×s×K`` product per iteration) and ``Q_FF`` comes from ``K_SS`` and the ``c_pq`` (``8·|F|²`` bytes for its
+    factor).
+
+    Args:
+        sample_columns: function returning the kernel columns ``K[:, idx]`` (``(m, len(idx))``) for sample indices.
+        labels: class labels in ``[0, num_classes)``, shape ``(m,)``.
+        kernel_diag: ``diag(K)``.
+        tol, max_iter: as :func:`max_margin` (``max_iter`` counts pair iterations, default ``10·m(K − 1)``).
+        initial: pair indices to try first.
+
+    Returns:
+        The result over the pair variables (``alpha_``, ``support_`` and ``functional_margins`` index pairs).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    diag = np.asarray(kernel_diag, dtype=np.float64)
+    if labels.ndim != 1 or labels.shape != diag.shape:
+        raise ValueError(f"labels must have shape {diag.shape}, got {labels.shape}")
+    if num_classes < 2 or (len(labels) and (labels.min() < 0 or labels.max() >= num_classes)):
+        raise ValueError(f"labels must lie in [0, num_classes) with num_classes >= 2, got num_classes={num_classes}")
+    pair_diag = 2.0 * np.repeat(diag, num_classes - 1)
+    ones = _validate(pair_diag, np.ones(len(pair_diag)))
+    scale = float(pair_diag.mean())
+    store = _PairStore(sample_columns, labels, num_classes, scale)
+    with single_threaded_blas():
+        return _active_set_loop(store, ones, scale, tol, max_iter, initial)
+
+
 def _result(alpha_n, y, margins_n, scale, intercept, kkt, n_bound, C_eff, iterations, method, slack=1e-6):
     support = np.flatnonzero(alpha_n > 0)
     norm_v_sq_n = float(alpha_n[support] @ (margins_n[support] - intercept * y[support]))
@@ -202,19 +245,157 @@ def _svc_with_intercept(kernel_n: np.ndarray, y: np.ndarray, scale: float, C: fl
                    slack=10 * LIBSVM_TOL)
 
 
-class _FreeSet:
-    """Free set F of the active-set method: the Cholesky factor of ``Q_FF`` and the columns ``Q[:, F]``.
+class _DenseColumns:
+    """Full columns ``Q[:, new]`` of a block of candidates, ``(n, b)``, Fortran order."""
 
-    Columns are kept in the blocks they were computed in (no copies as F grows); a removed member's column
-    stays in its block with weight zero until more than half of the stored columns are dead.
-    """
+    def __init__(self, new: np.ndarray, cols: np.ndarray) -> None:
+        self.new, self.cols = new, cols
 
-    def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], m: int) -> None:
+    def take(self, rows) -> np.ndarray:
+        """``Q[rows, new]``."""
+        return self.cols[rows]
+
+    def single(self, k: int) -> "_DenseColumns":
+        return _DenseColumns(self.new[k:k + 1], self.cols[:, k:k + 1].copy(order="F"))
+
+
+class _ColumnStore:
+    """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
+    in (no copies as F grows); a removed member's column stays in its block with weight zero until more than half
+    of the stored columns are dead. Memory ``8·n`` bytes per stored column."""
+
+    def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
         self.q_columns = q_columns
-        self.m = m
-        self.index: list[int] = []
-        self._blocks: list[np.ndarray] = []  # (m, b) arrays of columns of Q
+        self.n = n
+        self._blocks: list[np.ndarray] = []  # (n, b) arrays of columns of Q
         self._where: list[tuple[int, int]] = []  # (block, column) of member k
+
+    def fetch(self, new: np.ndarray) -> _DenseColumns:
+        return _DenseColumns(new, self.q_columns(new))
+
+    def admit(self, columns: _DenseColumns) -> None:
+        self._blocks.append(columns.cols)
+        self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
+
+    def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
+        """``Q[:, F] @ alpha``."""
+        weights = [np.zeros(block.shape[1]) for block in self._blocks]
+        for (b, c), a in zip(self._where, alpha):
+            weights[b][c] = a
+        out = np.zeros(self.n)
+        for block, w in zip(self._blocks, weights):
+            out += block @ w
+        return out
+
+    def keep(self, kept: np.ndarray, members: int) -> None:
+        """Members at positions ``kept`` stay; the others left F."""
+        self._where = [self._where[k] for k in kept]
+        stored = sum(block.shape[1] for block in self._blocks)
+        if stored > members + max(64, members // 8):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop dead columns, one block at a time (memory peaks at one block more)."""
+        live: dict[int, list[int]] = {}
+        for b, c in self._where:
+            live.setdefault(b, []).append(c)
+        renumber, blocks = {}, []
+        for b, block in enumerate(self._blocks):
+            if b not in live:
+                continue
+            columns = sorted(live[b])
+            kept = block if len(columns) == block.shape[1] else np.asfortranarray(block[:, columns])
+            self._blocks[b] = None  # free the old block before the next copy
+            renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
+            blocks.append(kept)
+        self._blocks = blocks
+        self._where = [renumber[w] for w in self._where]
+
+
+class _PairColumns:
+    """``Q[:, new]`` of multi-class pairs, formed on request from the sample kernel rows of a :class:`_PairStore`."""
+
+    def __init__(self, store: "_PairStore", new: np.ndarray) -> None:
+        self.store, self.new = store, new
+
+    def take(self, rows) -> np.ndarray:
+        """``Q[rows, new] = K(x_i, x_j) c_pq / scale`` for pairs ``p = (i, k)`` in ``rows``, ``q = (j, l)`` in ``new``."""
+        st = self.store
+        rows = np.asarray(rows, dtype=np.int64)
+        kernel = st.sample_rows[np.ix_(st.slot[st.pair_sample[self.new]], st.pair_sample[rows])].T
+        return kernel * (st.directions[rows] @ st.directions[self.new].T) / st.scale
+
+    def single(self, k: int) -> "_PairColumns":
+        return _PairColumns(self.store, self.new[k:k + 1])
+
+
+class _PairStore:
+    """``Q`` of the multi-class pair problem (DESIGN.md §2b) from sample kernel columns: ``K(x_j, ·)`` is computed
+    once for each sample ``j`` with a pair that is ever a candidate and kept as a row of an ``(s, m)`` buffer;
+    ``Q[:, F] α`` comes from ``f = K[:, S] β`` (``β_jk`` the class coefficients of the free pairs), an ``m×s×K``
+    product, and blocks of ``Q_FF`` from ``K_SS`` times ``c_pq = <d_p, d_q>``, ``d_p = e_{y_i} − e_k``.
+    Memory ``8·m·s`` bytes (against ``8·m(K − 1)`` per free pair for :class:`_ColumnStore`)."""
+
+    def __init__(self, sample_columns, labels: np.ndarray, num_classes: int, scale: float) -> None:
+        m = labels.shape[0]
+        self.sample_columns, self.labels, self.scale = sample_columns, labels, scale
+        classes = np.broadcast_to(np.arange(num_classes), (m, num_classes))
+        self.pair_sample = np.repeat(np.arange(m), num_classes - 1)
+        self.pair_class = classes[classes != labels[:, None]]
+        self.directions = np.zeros((len(self.pair_sample), num_classes))  # d_p as rows
+        pairs = np.arange(len(self.pair_sample))
+        self.directions[pairs, labels[self.pair_sample]] = 1.0
+        self.directions[pairs, self.pair_class] = -1.0
+        self.slot = np.full(m, -1, dtype=np.int64)
+        self.count = 0
+        self._rows = np.empty((0, m))
+
+    @property
+    def sample_rows(self) -> np.ndarray:
+        """``K(x_j, ·)`` of the stored samples, one row per slot."""
+        return self._rows[: self.count]
+
+    def fetch(self, new: np.ndarray) -> _PairColumns:
+        samples = self.pair_sample[new]
+        missing = np.unique(samples[self.slot[samples] < 0])
+        if len(missing):
+            need = self.count + len(missing)
+            if need > self._rows.shape[0]:  # pages of np.empty are only touched when written
+                grown = np.empty((max(need, 2 * self._rows.shape[0], 64), self._rows.shape[1]))
+                grown[: self.count] = self._rows[: self.count]
+                self._rows = grown
+            self._rows[self.count:need] = _finite_columns(self.sample_columns(missing)).T
+            self.slot[missing] = np.arange(self.count, need)
+            self.count = need
+        return _PairColumns(self, new)
+
+    def admit(self, columns: _PairColumns) -> None:
+        pass
+
+    def class_coefficients(self, index, alpha: np.ndarray) -> np.ndarray:
+        """``β`` per stored sample slot, ``(s, K)``: ``β_jk = Σ_{p=(j,·)} α_p (d_p)_k``."""
+        index = np.asarray(index, dtype=np.int64)
+        beta = np.zeros((self.count, self.directions.shape[1]))
+        np.add.at(beta, self.slot[self.pair_sample[index]], alpha[:, None] * self.directions[index])
+        return beta
+
+    def q_times(self, index, alpha: np.ndarray) -> np.ndarray:
+        """``Q[:, F] α`` over all pairs: ``(f_{y_i}(x_i) − f_k(x_i)) / scale``."""
+        beta = torch.from_numpy(self.class_coefficients(index, alpha))
+        f = (torch.from_numpy(self.sample_rows).T @ beta).numpy()  # torch's own thread pool for the large product
+        return (f[self.pair_sample, self.labels[self.pair_sample]] - f[self.pair_sample, self.pair_class]) / self.scale
+
+    def keep(self, kept: np.ndarray, members: int) -> None:
+        pass
+
+
+class _FreeSet:
+    """Free set F of the active-set method: the Cholesky factor of ``Q_FF`` and a store that gives ``Q[rows, new]``
+    for candidates and ``Q[:, F] α`` (:class:`_ColumnStore`, or :class:`_PairStore` for the multi-class pairs)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.index: list[int] = []
         self._chol = np.zeros((0, 0))
 
     def __len__(self) -> int:
@@ -225,15 +406,12 @@ class _FreeSet:
         """Lower Cholesky factor of ``Q_FF``, exactly ``n×n`` and Fortran-ordered so that LAPACK reads it in place."""
         return self._chol
 
+    def fetch(self, new: np.ndarray):
+        return self.store.fetch(new)
+
     def q_times(self, alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] @ alpha``."""
-        weights = [np.zeros(block.shape[1]) for block in self._blocks]
-        for (b, c), a in zip(self._where, alpha):
-            weights[b][c] = a
-        out = np.zeros(self.m)
-        for block, w in zip(self._blocks, weights):
-            out += block @ w
-        return out
+        return self.store.q_times(self.index, alpha)
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         """``Q_FF⁻¹ rhs``."""
@@ -244,9 +422,11 @@ class _FreeSet:
     def solve_ones(self) -> np.ndarray:
         return self.solve(np.ones(len(self)))
 
-    def try_add(self, new: np.ndarray, new_cols: np.ndarray) -> bool:
-        """Append ``new`` unless that makes ``Q_FF`` (numerically) singular."""
-        q_fb, q_bb = new_cols[self.index], new_cols[new]
+    def try_add(self, columns) -> bool:
+        """Append the candidates of ``columns`` (from :meth:`fetch`) unless that makes ``Q_FF`` (numerically)
+        singular."""
+        new = columns.new
+        q_fb, q_bb = columns.take(np.asarray(self.index, dtype=np.int64)), columns.take(new)
         w = scipy.linalg.solve_triangular(self.chol, q_fb, lower=True, check_finite=False) if len(self) else q_fb
         schur = q_bb - w.T @ w
         try:
@@ -259,8 +439,7 @@ class _FreeSet:
         chol = np.zeros((n + b, n + b), order="F")
         chol[:n, :n], chol[n:, :n], chol[n:, n:] = self._chol, w.T, l22
         self._chol = chol
-        self._blocks.append(new_cols)
-        self._where += [(len(self._blocks) - 1, c) for c in range(b)]
+        self.store.admit(columns)
         self.index += new.tolist()
         return True
 
@@ -287,49 +466,33 @@ class _FreeSet:
             factor[p:, p:] = (upper * np.sign(np.diag(upper))[:, None]).T  # strictly lower part of `upper` is 0
         self._chol = factor
         self.index = [self.index[k] for k in keep]
-        self._where = [self._where[k] for k in keep]
-        self._compact()
-
-    def _compact(self) -> None:
-        """Drop dead columns, one block at a time (memory peaks at one block more)."""
-        stored = sum(block.shape[1] for block in self._blocks)
-        if stored <= len(self) + max(64, len(self) // 8):
-            return
-        live: dict[int, list[int]] = {}
-        for b, c in self._where:
-            live.setdefault(b, []).append(c)
-        renumber, blocks = {}, []
-        for b, block in enumerate(self._blocks):
-            if b not in live:
-                continue
-            columns = sorted(live[b])
-            kept = block if len(columns) == block.shape[1] else np.asfortranarray(block[:, columns])
-            self._blocks[b] = None  # free the old block before the next copy
-            renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
-            blocks.append(kept)
-        self._blocks = blocks
-        self._where = [renumber[w] for w in self._where]
+        self.store.keep(keep, len(self.index))
 
 
 def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
-    with single_threaded_blas():
-        return _active_set_loop(kernel_columns, y, scale, tol, max_iter, initial)
-
-
-def _active_set_loop(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
     m = y.shape[0]
 
     def q_columns(idx):
-        cols = np.asarray(kernel_columns(idx), dtype=np.float64)
-        if not np.all(np.isfinite(cols)):
-            bad = np.flatnonzero(~np.all(np.isfinite(cols), axis=1))
-            raise ValueError(f"kernel columns hold NaN or inf in row {bad[0]} ({len(bad)} rows in all): sample "
-                             f"{bad[0]} has non-finite values (check the inputs and the network)")
-        cols = np.multiply(cols, y[:, None], order="F")  # a copy: the caller's array stays untouched
+        cols = np.multiply(_finite_columns(kernel_columns(idx)), y[:, None], order="F")  # the caller's array stays
         cols *= (y[idx] / scale)[None, :]
         return cols
 
-    free = _FreeSet(q_columns, m)
+    with single_threaded_blas():
+        return _active_set_loop(_ColumnStore(q_columns, m), y, scale, tol, max_iter, initial)
+
+
+def _finite_columns(cols) -> np.ndarray:
+    cols = np.asarray(cols, dtype=np.float64)
+    if not np.all(np.isfinite(cols)):
+        bad = np.flatnonzero(~np.all(np.isfinite(cols), axis=1))
+        raise ValueError(f"kernel columns hold NaN or inf in row {bad[0]} ({len(bad)} rows in all): sample "
+                         f"{bad[0]} has non-finite values (check the inputs and the network)")
+    return cols
+
+
+def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult:
+    m = y.shape[0]
+    free = _FreeSet(store)
     alpha = np.zeros(0)
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
@@ -413,20 +576,20 @@ def _refine(free: _FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarr
 
 def _add(free: _FreeSet, candidates: np.ndarray) -> bool:
     """Add the candidates as a block, else one by one; ``False`` when the first one is dependent on F."""
-    cols = free.q_columns(candidates)
-    if free.try_add(candidates, cols):
+    columns = free.fetch(candidates)
+    if free.try_add(columns):
         return True
     added = False
-    for j, col in zip(candidates, cols.T):
-        added |= free.try_add(np.array([j]), col[:, None].copy(order="F"))
+    for k in range(len(candidates)):
+        added |= free.try_add(columns.single(k))
     return added
 
 
 def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
     """``y_j phi_j`` lies in the span of the free set: move along the null direction of ``Q`` until a free
     coefficient reaches zero, drop it, then admit ``j``."""
-    col = free.q_columns(np.array([j]))
-    coef = scipy.linalg.cho_solve((free.chol, True), col[free.index, 0], check_finite=False)
+    columns = free.fetch(np.array([j]))
+    coef = scipy.linalg.cho_solve((free.chol, True), columns.take(np.asarray(free.index))[:, 0], check_finite=False)
     if not np.any(coef > 0):
         raise NotSeparableError(
             f"sample {j} is a non-positive combination of support vectors with opposite margin: the data "
@@ -438,6 +601,6 @@ def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
     alpha = alpha - step * coef
     free.remove(np.array([position]))
     alpha = np.delete(alpha, position)
-    if not free.try_add(np.array([j]), col):
+    if not free.try_add(columns):
         raise NotSeparableError(f"could not admit sample {j} to the free set after a degenerate step")
     return np.concatenate([np.clip(alpha, 0.0, None), [step]])

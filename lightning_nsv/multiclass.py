@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
+from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
 from lightning_nsv.path_space import (
+    PathKernelColumns,
     PathNetwork,
     forward_with_slopes,
     path_kernel,
@@ -197,12 +198,16 @@ def multiclass_max_margin(
     initial_margins: np.ndarray | None = None,
     tol: float = 1e-10,
     max_iter: int | None = None,
+    structured: bool = True,
 ) -> MulticlassMaxMarginResult:
     """Exact multi-class max-margin classifier through the origin, as the pair problem of the module docstring.
 
-    Cost: ``m(K − 1)`` dual variables. Sample kernel columns are computed once for each sample that has a pair
-    in the solver's free set (``8·m·s_samples`` bytes); :func:`max_margin` itself keeps a column of ``Q`` of
-    length ``m(K − 1)`` for every free pair (``8·m(K − 1)`` bytes each), which dominates memory.
+    Cost: ``m(K − 1)`` dual variables; sample kernel columns are computed once for each sample that has a
+    candidate pair (``8·m·s_samples`` bytes). ``structured=True`` (default) solves it with
+    :func:`~lightning_nsv.max_margin.pair_max_margin`: margins from ``f = K[:, S] β`` (``m·s_samples·K`` per
+    iteration), plus ``8·|F|²`` bytes for the factor of ``Q_FF``. ``structured=False`` runs the generic
+    :func:`max_margin` on pair columns of ``Q``, ``8·m(K − 1)`` bytes per free pair (≈ 20 GB at m = 20,000,
+    K = 10): a reference for small problems.
 
     Args:
         kernel: dense ``(m, m)`` path kernel, or a function returning its columns ``K[:, idx]`` for an index
@@ -212,7 +217,8 @@ def multiclass_max_margin(
         kernel_diag: ``diag(K)`` when ``kernel`` is a function.
         initial_margins: ``(m, K)`` network margins ``N_{y_i} − N_k`` (e.g. :func:`pair_margins`); the
             ``⌊√(m(K−1))⌋`` smallest pairs start the working set.
-        tol, max_iter: passed to :func:`max_margin` (``max_iter`` counts pair iterations).
+        tol, max_iter: passed to the solver (``max_iter`` counts pair iterations).
+        structured: the structured solver (``True``) or generic pair columns (``False``), same answer.
 
     Raises:
         NotSeparableError: when no ``V`` satisfies the pair constraints.
@@ -222,8 +228,23 @@ def multiclass_max_margin(
     columns, diag = _as_sample_columns(kernel, kernel_diag)
     m = diag.shape[0]
     y = class_labels(y, num_classes, m)
-    cache = _SampleColumnCache(columns, m)
     pair_sample, pair_class = _pairs(y, num_classes)
+    initial = None
+    if initial_margins is not None:
+        candidates = np.asarray(initial_margins, dtype=np.float64)[pair_sample, pair_class]
+        initial = _smallest(candidates, int(math.sqrt(len(pair_sample))))
+    if structured:
+        pairs = pair_max_margin(columns, y, num_classes, kernel_diag=diag, tol=tol, max_iter=max_iter,
+                                initial=initial)
+    else:
+        pairs = _generic_pair_problem(columns, diag, y, num_classes, pair_sample, pair_class, tol, max_iter,
+                                      initial)
+    return _pair_result(pairs, y, num_classes, pair_sample, pair_class)
+
+
+def _generic_pair_problem(columns, diag, y, num_classes, pair_sample, pair_class, tol, max_iter, initial):
+    m = diag.shape[0]
+    cache = _SampleColumnCache(columns, m)
     # d_p = e_{y_i} − e_k for every pair, one row per class: c_pq = D[y_j, p] − D[l, p]
     d = np.zeros((num_classes, len(pair_sample)), dtype=np.int8)
     d[y[pair_sample], np.arange(len(pair_sample))] = 1
@@ -235,13 +256,12 @@ def multiclass_max_margin(
         block *= d[y[samples]] - d[classes]
         return block.T
 
-    initial = None
-    if initial_margins is not None:
-        candidates = np.asarray(initial_margins, dtype=np.float64)[pair_sample, pair_class]
-        initial = _smallest(candidates, int(math.sqrt(len(pair_sample))))
-    pairs = max_margin(pair_columns, np.ones(len(pair_sample)), kernel_diag=2.0 * diag[pair_sample], tol=tol,
-                       max_iter=max_iter, initial=initial)
+    return max_margin(pair_columns, np.ones(len(pair_sample)), kernel_diag=2.0 * diag[pair_sample], tol=tol,
+                      max_iter=max_iter, initial=initial)
 
+
+def _pair_result(pairs: MaxMarginResult, y, num_classes, pair_sample, pair_class) -> MulticlassMaxMarginResult:
+    m = y.shape[0]
     alpha = np.zeros((m, num_classes))
     alpha[pair_sample, pair_class] = pairs.alpha_
     beta = -alpha
@@ -608,10 +628,7 @@ def multiclass_support_vectors(
     x_train = x_train.to(net.dtype).reshape(len(y), -1)
     bias = net.biases is not None
 
-    def columns(idx: np.ndarray) -> np.ndarray:
-        idx = torch.as_tensor(idx)
-        return path_kernel(x_train, slopes_train, x_train[idx], [s[idx] for s in slopes_train], bias=bias,
-                           block_size=block_size).numpy()
+    columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias).numpy
 
     diag = path_kernel_diagonal(x_train, slopes_train, bias=bias).numpy()
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()

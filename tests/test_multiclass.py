@@ -287,6 +287,52 @@ def test_kernel_columns_only_for_candidate_samples_and_once_each():
     np.testing.assert_allclose(lazy.alpha_, reference.alpha_, rtol=1e-8, atol=1e-12 * reference.alpha_.max())
 
 
+def _structured_and_generic(kernel, y, num_classes, margins=None):
+    diag = np.diag(kernel).copy()
+    return [multiclass_max_margin(lambda idx: kernel[:, idx], y, num_classes, kernel_diag=diag,
+                                  initial_margins=margins, structured=structured) for structured in (True, False)]
+
+
+def _assert_same_solution(structured, generic):
+    np.testing.assert_array_equal(structured.support_, generic.support_)
+    np.testing.assert_array_equal(structured.alpha_ > 0, generic.alpha_ > 0)
+    np.testing.assert_allclose(structured.alpha_, generic.alpha_, rtol=1e-9, atol=1e-11 * generic.alpha_.max())
+    np.testing.assert_allclose(structured.functional_margins, generic.functional_margins, rtol=1e-9, atol=1e-10)
+    assert structured.margin == pytest.approx(generic.margin, rel=1e-10)
+    assert structured.kkt_residual <= 1e-10 and generic.kkt_residual <= 1e-10
+    assert structured.n_support_pairs == generic.n_support_pairs
+
+
+@pytest.mark.parametrize("bias, beta, num_classes", [(True, 0.1, 3), (False, 0.0, 5), (True, -1.0, 4)])
+def test_structured_pair_solver_equals_generic_pair_columns(bias, beta, num_classes):
+    net = random_net((6, 5), num_outputs=num_classes, in_features=5, beta=beta, bias=bias, seed=61)
+    x, y = self_labelled(net, 300, seed=62)
+    outputs, slopes = forward_with_slopes(net, x)
+    kernel = path_kernel(x, slopes, bias=bias).numpy()
+    for margins in (None, pair_margins(outputs, y.numpy())):
+        structured, generic = _structured_and_generic(kernel, y, num_classes, margins)
+        _assert_same_solution(structured, generic)
+        # the KKT conditions recomputed from f = K β over every pair, independently of the solver
+        f = kernel @ structured.beta_
+        rows = np.arange(len(y))
+        recomputed = f[rows, y.numpy()][:, None] - f
+        others = np.ones_like(recomputed, dtype=bool)
+        others[rows, y.numpy()] = False
+        assert np.clip(1 - recomputed[others], 0, None).max() <= 1e-10
+        assert np.abs(recomputed[structured.alpha_ > 0] - 1).max() <= 1e-10
+
+
+def test_structured_pair_solver_on_duplicated_samples():
+    net = random_net((4, 3), num_outputs=3, in_features=3, seed=63)
+    x, y = self_labelled(net, 60, seed=64)
+    x, y = torch.cat([x, x[:20]]), torch.cat([y, y[:20]])  # Q singular: degenerate steps
+    kernel = path_kernel(x, forward_with_slopes(net, x)[1], bias=True).numpy()
+    structured, generic = _structured_and_generic(kernel, y, 3)
+    assert structured.kkt_residual <= 1e-10 and generic.kkt_residual <= 1e-10
+    assert structured.margin == pytest.approx(generic.margin, rel=1e-9)
+    np.testing.assert_allclose(structured.functional_margins, generic.functional_margins, rtol=1e-8, atol=1e-9)
+
+
 def test_refuses_training_errors_and_bad_arguments():
     net = random_net((3,), num_outputs=3, seed=51)
     x, y = self_labelled(net, 20, seed=52)
