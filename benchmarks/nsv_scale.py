@@ -67,8 +67,10 @@ WIDTHS = (16, 16, 16)
 
 
 # --------------------------------------------------------------------------------------------- data
-def digits_standin(n: int, seed: int, chunk: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` MNIST-shaped samples ``(n, 1, 28, 28)`` in [0, 1] and labels 0/1 (digit >= 5), deterministic.
+def digits_standin(n: int, seed: int, chunk: int = 1000, *, digit_labels: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` MNIST-shaped samples ``(n, 1, 28, 28)`` in [0, 1] and labels 0/1 (digit >= 5), or the digits 0-9
+    with ``digit_labels``; deterministic (the images do not depend on ``digit_labels``).
 
     Each sample is one of scikit-learn's 1,797 8×8 digits (drawn uniformly with replacement), upsampled
     bilinearly to 28×28, shifted by a random integer (dx, dy) in [-2, 2]² (zero fill), its intensity
@@ -81,7 +83,7 @@ def digits_standin(n: int, seed: int, chunk: int = 1000) -> tuple[torch.Tensor, 
     digits = load_digits()
     base = torch.from_numpy(digits.images).to(torch.float32).unsqueeze(1) / 16.0
     base = F.interpolate(base, size=(28, 28), mode="bilinear", align_corners=False).clamp(0, 1)
-    labels = torch.from_numpy(digits.target >= 5).long()
+    labels = torch.from_numpy(digits.target if digit_labels else digits.target >= 5).long()
     padded = F.pad(base, (2, 2, 2, 2))
     xs, ys = [], []
     for c in range(math.ceil(n / chunk)):
