@@ -211,14 +211,14 @@ def _exact_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum
     return _from_singular_values(torch.linalg.svdvals(r), n, m, "qr", num_extremes)
 
 
-def _lanczos_largest(apply: Callable[[np.ndarray], np.ndarray], size: int, count: int,
+def _lanczos_largest(apply: Callable[[np.ndarray], np.ndarray], size: int, count: int, tol: float,
                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The ``count`` largest eigenpairs of a symmetric positive operator on R^size (ARPACK, fixed start)."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     op = LinearOperator((size, size), matvec=apply, dtype=np.float64)
     v0 = np.random.default_rng(seed).standard_normal(size)
-    values, vectors = eigsh(op, k=count, which="LA", v0=v0, tol=1e-12, ncv=min(size, max(2 * count + 1, 24)),
+    values, vectors = eigsh(op, k=count, which="LA", v0=v0, tol=tol, ncv=min(size, max(3 * count, 20)),
                             maxiter=50 * size)
     order = np.argsort(values)[::-1]
     return values[order], vectors[:, order]
@@ -242,15 +242,15 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
 
     k = b.shape[0]
     gram = _gram(b)
-    gram_np = gram.numpy()
-    factor, piv, resolved, info = sl.lapack.dpstrf(np.asfortranarray(gram_np), lower=1,
-                                                   tol=GRAM_PIVOT_TOLS[0] * float(gram.diag().max()))
+    gram_f = gram.numpy().T  # symmetric: the Fortran-ordered view is the Gram matrix itself (its lower triangle)
+    factor, piv, resolved, info = sl.lapack.dpstrf(gram_f, lower=1, tol=GRAM_PIVOT_TOLS[0] * float(gram.diag().max()))
     if info < 0 or resolved < 2:
         return _exact_spectrum(b, n, m, num_extremes)
     order = torch.from_numpy(piv.astype(np.int64) - 1)
     pivots = np.diag(factor)[:resolved] ** 2  # non-increasing
     try:
-        top_eig, _ = _lanczos_largest(lambda x: gram_np @ x, k, min(num_extremes, k - 1))
+        top_eig, _ = _lanczos_largest(lambda x: sl.blas.dsymv(1.0, gram_f, x, lower=1), k,
+                                      min(num_extremes, k - 1), tol=1e-10)
     except ArpackNoConvergence:
         return _exact_spectrum(b, n, m, num_extremes)
     top = torch.from_numpy(np.sqrt(np.maximum(top_eig, 0.0)))[:num_extremes]
@@ -259,7 +259,7 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         kept = int((pivots >= cut * pivots[0]).sum())
         if kept < 2:
             break
-        lower = np.asfortranarray(np.tril(factor[:kept, :kept]))  # L Lᵀ = Gram[head][:, head]
+        lower = factor if kept == k else np.asfortranarray(factor[:kept, :kept])  # L Lᵀ = Gram[head][:, head]
         found = _split_spectrum(b, gram, order[:kept], order[kept:], lower, tol, num_extremes)
         if found is not None:
             rank, bottom = found
@@ -279,7 +279,7 @@ def _split_spectrum(b: Tensor, gram: Tensor, head: Tensor, tail: Tensor, lower: 
     try:
         _, inv_vec = _lanczos_largest(
             lambda x: sl.solve_triangular(lower, sl.solve_triangular(lower, x, lower=True, check_finite=False),
-                                          lower=True, trans="T", check_finite=False), kept, count)
+                                          lower=True, trans="T", check_finite=False), kept, count, tol=1e-9)
     except ArpackNoConvergence:
         return None
     # Rayleigh–Ritz with the head rows of B on the Lanczos vectors: X orthonormal, Xᵀ B_head = Y Σ Zᵀ
@@ -309,7 +309,7 @@ def _remainder_singular_values(b: Tensor, gram: Tensor, head: Tensor, tail: Tens
     remainder below ``tol / RANK_MARGIN`` in Frobenius norm proves the rank; its values are then only
     estimated (from its Gram matrix). Otherwise they come from an SVD of the d×p remainder, and match the
     ``d = len(tail)`` smallest singular values of B when the head's smallest one is well above them."""
-    chol = torch.from_numpy(np.ascontiguousarray(lower))
+    chol = torch.from_numpy(np.tril(lower))
     coef = torch.cholesky_solve(gram[head][:, tail], chol)  # (head × tail)
     embed = torch.zeros(b.shape[0], len(tail), dtype=torch.float64)
     embed[tail] = torch.eye(len(tail), dtype=torch.float64)
