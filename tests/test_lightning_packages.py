@@ -17,9 +17,9 @@ LIGHTNING_TESTS = ["tests/test_nsv_callback.py", "tests/test_callback_bad_input.
                    "tests/test_valley_callbacks.py"]
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "LIGHTNING_NSV_PACKAGE"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env={**environment, **env},
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env={**environment, **env},
                           capture_output=True, text=True, timeout=600)
 
 
@@ -33,7 +33,7 @@ def test_the_lightning_tests_pass_under_the_other_package():
     assert " passed" in done.stdout and " failed" not in done.stdout
 
 
-def test_a_program_that_imported_lightning_first_gets_lightning_pytorch():
+def test_a_program_that_imported_lightning_first_gets_lightning_pytorch(tmp_path):
     pytest.importorskip("lightning.pytorch")
     done = _python("""
         import lightning.pytorch as L
@@ -53,20 +53,20 @@ def test_a_program_that_imported_lightning_first_gets_lightning_pytorch():
                     datamodule=DigitsDataModule(m=200, batch_size=50))
         assert callback.zero_error_epoch is not None
         print("OK", callback.metrics["n_support"])
-    """)
+    """, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "OK" in done.stdout
 
 
 @pytest.mark.parametrize("package, module", [("lightning", "lightning.pytorch"),
                                              ("pytorch_lightning", "pytorch_lightning")])
-def test_the_environment_variable_chooses(package, module):
+def test_the_environment_variable_chooses(package, module, tmp_path):
     pytest.importorskip(module)
-    done = _python("from lightning_nsv import compat; print(compat.PACKAGE)", LIGHTNING_NSV_PACKAGE=package)
+    done = _python("from lightning_nsv import compat; print(compat.PACKAGE)", tmp_path, LIGHTNING_NSV_PACKAGE=package)
     assert done.returncode == 0 and done.stdout.strip() == module
 
 
-def test_an_unknown_choice_is_refused():
-    done = _python("import lightning_nsv.compat", LIGHTNING_NSV_PACKAGE="lightning_fabric")
+def test_an_unknown_choice_is_refused(tmp_path):
+    done = _python("import lightning_nsv.compat", tmp_path, LIGHTNING_NSV_PACKAGE="lightning_fabric")
     assert done.returncode != 0
     assert "LIGHTNING_NSV_PACKAGE can be lightning or pytorch_lightning, got 'lightning_fabric'" in done.stderr
