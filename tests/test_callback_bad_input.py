@@ -119,7 +119,6 @@ def test_an_empty_training_set_is_refused(tmp_path):
 class _FakeTrainer:
     fast_dev_run = False
     limit_train_batches = 1.0
-    num_training_batches = 0
 
     def __init__(self, dataset):
         self.datamodule, self.train_dataloader = None, DataLoader(dataset)
@@ -230,3 +229,9 @@ def test_a_csv_logger_gets_figures_as_files(tmp_path):
     run = Path(logger.log_dir)
     assert list((run / "nsv" / "figures").glob("nsv_decision_boundaries_step*.png"))
     assert "nsv/n_support" in (run / "metrics.csv").read_text()
+
+
+def test_an_integer_batch_limit_below_the_loader_length_is_said(tmp_path):
+    x, y = _data()
+    with pytest.warns(UserWarning, match=r"`limit_train_batches=2` trains on part of the training set"):
+        _fit(tmp_path, Classifier(), x, y, max_epochs=1, limit_train_batches=2)

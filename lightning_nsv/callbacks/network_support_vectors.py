@@ -205,12 +205,9 @@ class NetworkSupportVectors(Callback):
                 "NetworkSupportVectors: the training set is empty, so there is nothing to analyse; check the data "
                 "module's `m`, split and files"
             )
-        limit = trainer.limit_train_batches
-        if limit is not None and ((isinstance(limit, float) and limit < 1.0) or
-                                  (isinstance(limit, int) and limit < trainer.num_training_batches
-                                   if isinstance(trainer.num_training_batches, int) else False)):
+        if _trains_on_part(trainer):
             rank_zero_warn(
-                f"NetworkSupportVectors: `limit_train_batches={limit}` trains on part of the training set, but zero "
+                f"NetworkSupportVectors: `limit_train_batches={trainer.limit_train_batches}` trains on part of the training set, but zero "
                 f"training error is checked and the SVM fitted on all {len(dataset)} training samples. Pass a "
                 "data module with `m` set to the samples you train on to analyse just those."
             )
@@ -654,6 +651,16 @@ def _head_forward(path: PathPart, x: Tensor) -> Tensor:
 
 _DIVERGED = ("the network has diverged (lower the learning rate, clip gradients or check the loss), or the data hold "
              "NaN/inf")
+
+
+def _trains_on_part(trainer: pl.Trainer) -> bool:
+    limit = trainer.limit_train_batches
+    if isinstance(limit, float):
+        return limit < 1.0
+    try:
+        return limit is not None and limit < len(trainer.train_dataloader)
+    except TypeError:  # a loader without a length
+        return False
 
 
 def _first_non_finite_parameter(module: torch.nn.Module) -> str | None:
