@@ -76,3 +76,11 @@ def write_fake_cifar10(root: str | Path, n_train: int, n_test: int, seed: int = 
     meta = {"label_names": CIFAR10_LABEL_NAMES, "num_cases_per_batch": n_train // 5, "num_vis": 3072}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return written
+
+
+def truncate(path: str | Path, fraction: float) -> int:
+    """Cut the file at ``path`` to ``fraction`` of its bytes (a download or copy that stopped early); the new size."""
+    path = Path(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return int(len(data) * fraction)

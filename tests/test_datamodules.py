@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits, make_blobs, make_circles, make_moons
+from torch.utils.data import TensorDataset
 from torchvision.datasets import CIFAR10
 
 from lightning_nsv.compat import pl, submodule
@@ -17,7 +18,8 @@ from lightning_nsv.datamodules import (
     QuadrantDataModule,
     Toy2DDataModule,
 )
-from tests.fake_datasets import write_fake_cifar10, write_fake_mnist
+from lightning_nsv.datamodules.base import EpochBatchSampler
+from tests.fake_datasets import truncate, write_fake_cifar10, write_fake_mnist
 
 DIGITS = load_digits()
 
@@ -86,9 +88,12 @@ def test_subset_reproducible_nested_and_disjoint_from_validation():
     assert sorted(rows) == sorted(image.tobytes() for image in (DIGITS.images[:, None] / 16).astype(np.float32))
 
 
-def test_m_larger_than_pool():
-    with pytest.raises(ValueError, match="training pool size 1438, got 5000"):
+def test_m_larger_than_pool(mnist):
+    with pytest.raises(ValueError, match=r"training pool size 1438 left after holding out val_fraction=0.2, got "
+                                         r"5000; lower `m`, or pass m=None"):
         DigitsDataModule(m=5000).setup("fit")
+    with pytest.raises(ValueError, match=r"training pool size 50, got 51; lower `m`"):
+        BinaryMNISTDataModule(root=str(mnist[0]), m=51).setup("fit")
 
 
 def test_random_labels_touch_only_the_training_subset():
@@ -286,3 +291,97 @@ def test_lightning_cli_and_trainer():
     assert cli.datamodule.hparams["classes"] == ["cat", "dog"] and cli.datamodule.hparams["seed"] == 0
     trainer = pl.Trainer(fast_dev_run=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(_Linear(), datamodule=DigitsDataModule(m=64, batch_size=16))
+
+
+def test_literal_choices_match_the_tables():
+    import typing
+
+    from lightning_nsv.datamodules.base import TASKS
+
+    assert typing.get_args(typing.get_type_hints(Toy2DDataModule.__init__)["name"]) == tuple(TOY_SETS)
+    assert TASKS == ("binary", "multiclass")
+
+
+@pytest.mark.parametrize("name", ["train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"])
+def test_truncated_mnist_file_is_named(tmp_path, name):
+    write_fake_mnist(tmp_path, 12, 6)
+    path = tmp_path / "MNIST" / "raw" / name
+    size = truncate(path, 0.8)
+    dm = BinaryMNISTDataModule(root=str(tmp_path))
+    dm.prepare_data()  # the files exist
+    with pytest.raises(ValueError, match=rf"(?s)cannot read the {'training' if 'train' in name else 'test'} files.*"
+                                         rf"{name}: {size:,} bytes, its header announces.*download=True"):
+        dm.setup("fit")
+
+
+def test_mnist_file_with_a_wrong_header_is_named(tmp_path):
+    write_fake_mnist(tmp_path, 12, 6)
+    path = tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte"
+    path.write_bytes(b"<html>404</html>")
+    with pytest.raises(ValueError, match=r"(?s)train-labels-idx1-ubyte: magic number 0x3c68746d, not that of an IDX"):
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")
+
+
+@pytest.mark.parametrize("name", ["data_batch_3", "test_batch", "batches.meta"])
+def test_corrupt_cifar_batch_is_named(tmp_path, name):
+    write_fake_cifar10(tmp_path, 20, 10)
+    truncate(tmp_path / "cifar-10-batches-py" / name, 0.5)
+    with pytest.raises(ValueError, match=rf"(?s)cannot read the .* files \(UnpicklingError.*"
+                                         rf"cifar-10-batches-py/{name}: cannot be unpickled.*download it again"):
+        CIFAR10FrogsShipsDataModule(root=str(tmp_path)).setup("fit")
+
+
+def test_missing_files_list_the_expected_layout(tmp_path):
+    write_fake_mnist(tmp_path, 5, 5)
+    (tmp_path / "MNIST" / "raw" / "t10k-images-idx3-ubyte").unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")
+    message = str(info.value)
+    assert "found no MNIST/raw/t10k-images-idx3-ubyte" in message and "download=True" in message
+    assert all(str(tmp_path / name) in message for name in BinaryMNISTDataModule.files)
+
+
+def test_epoch_batches_depend_on_seed_and_epoch_only():
+    def order(seed, epoch):
+        sampler = EpochBatchSampler(range(103), batch_size=10, seed=seed)
+        sampler.set_epoch(epoch)
+        return torch.cat(list(sampler))
+
+    assert sorted(order(0, 0).tolist()) == list(range(103))
+    assert torch.equal(order(0, 3), order(0, 3))
+    assert not torch.equal(order(0, 3), order(0, 4)) and not torch.equal(order(0, 3), order(1, 3))
+    assert not torch.equal(order(1, 0), order(0, 1))  # not seed + epoch
+    assert [len(b) for b in EpochBatchSampler(range(103), batch_size=10)] == [10] * 10 + [3]
+    assert len(EpochBatchSampler(range(103), batch_size=10)) == 11
+
+
+def test_epoch_batches_shard_like_distributed_sampler():
+    from torch.utils.data import DistributedSampler
+
+    shards = [EpochBatchSampler(range(11), batch_size=2, seed=5, num_replicas=3, rank=r) for r in range(3)]
+    for sampler in shards:
+        sampler.set_epoch(2)
+    batches = [list(sampler) for sampler in shards]
+    assert [len(b) for b in batches] == [2, 2, 2] == [len(s) for s in shards]  # 4 indices each: 11 padded to 12
+    seen = torch.cat([torch.cat(b) for b in batches])
+    assert len(seen) == 12 and set(seen.tolist()) == set(range(11))
+    for rank in range(3):
+        in_order = torch.cat(list(EpochBatchSampler(range(11), 2, shuffle=False, num_replicas=3, rank=rank)))
+        assert in_order.tolist() == list(DistributedSampler(range(11), num_replicas=3, rank=rank, shuffle=False))
+
+
+def test_loaders_slice_batches_from_the_tensors():
+    dm = _ready(QuadrantDataModule(n_samples=250, batch_size=32, seed=4))
+    loader = dm.train_dataloader()
+    assert loader.dataset is dm.train_dataset and isinstance(loader.dataset, TensorDataset)
+    x_all, y_all = _xy(dm.train_dataset)
+    first = list(loader)
+    order = torch.cat([b for b in loader.sampler])
+    assert torch.equal(torch.cat([x for x, _ in first]), x_all[order])
+    loader.sampler.set_epoch(1)
+    assert not torch.equal(torch.cat([y for _, y in loader]), torch.cat([y for _, y in first]))
+    workers = DigitsDataModule(m=200, batch_size=64, num_workers=2)
+    workers.setup("fit")
+    batches = list(workers.train_dataloader())
+    assert [len(y) for _, y in batches] == [64, 64, 64, 8]
+    assert torch.equal(torch.cat([x for x, _ in batches]).sort(0).values, _xy(workers.train_dataset)[0].sort(0).values)

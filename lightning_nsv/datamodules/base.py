@@ -1,17 +1,23 @@
 """The logic every data module of the package shares: split, training subset, label corruption, loaders."""
 from __future__ import annotations
 
+import math
+from typing import get_args
+import pickle
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Literal, Sized
 
+import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision.datasets import VisionDataset
 
 from lightning_nsv.compat import pl
 
-TASKS = ("binary", "multiclass")
+Task = Literal["binary", "multiclass"]
+TASKS: tuple[str, ...] = get_args(Task)
 
 
 class ClassificationDataModule(pl.LightningDataModule):
@@ -64,7 +70,7 @@ class ClassificationDataModule(pl.LightningDataModule):
         label_noise: float = 0.0,
         batch_size: int = 100,
         num_workers: int = 0,
-        task: str = "binary",
+        task: Task = "binary",
     ) -> None:
         super().__init__()
         if m is not None and m < 1:
@@ -119,7 +125,11 @@ class ClassificationDataModule(pl.LightningDataModule):
             pool = source
             self.val_dataset = self._dataset(x_test, y_test, (y_test >= 0).nonzero().squeeze(1))
         if self.m is not None and self.m > len(pool):
-            raise ValueError(f"`m` must be at most the training pool size {len(pool)}, got {self.m}")
+            held_out = "" if test is not None else f" left after holding out val_fraction={self.val_fraction}"
+            raise ValueError(
+                f"`m` must be at most the training pool size {len(pool)}{held_out}, got {self.m}; lower `m`, or "
+                "pass m=None to train on the whole pool"
+            )
         self.train_indices = pool[torch.randperm(len(pool), generator=g)[: self.m]].sort().values
         self.train_dataset = self._dataset(x, self._corrupt(y, self.train_indices, g), self.train_indices)
         self.test_dataset = self.val_dataset
@@ -140,11 +150,16 @@ class ClassificationDataModule(pl.LightningDataModule):
     def _loader(self, dataset: TensorDataset | None, shuffle: bool = False) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before its data loaders are asked for")
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(
-            dataset, batch_size=self.batch_size, shuffle=shuffle, generator=generator,
-            num_workers=self.num_workers, drop_last=False,
-        )
+        shards = getattr(self.trainer, "distributed_sampler_kwargs", None) or {}
+        batches = EpochBatchSampler(dataset, self.batch_size, shuffle=shuffle, seed=self.seed,
+                                    num_replicas=shards.get("num_replicas", 1), rank=shards.get("rank", 0))
+        if self.trainer is not None:
+            # a resumed fit draws its first batch before it calls set_epoch: start at the restored epoch
+            batches.set_epoch(self.trainer.current_epoch)
+        # batch_size=None: each index batch is one `dataset[indices]` slice, no per-sample collation;
+        # the own generator keeps the loader from drawing its base seed from the global RNG
+        return DataLoader(dataset, batch_size=None, sampler=batches, num_workers=self.num_workers,
+                          generator=torch.Generator())
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, shuffle=True)
@@ -154,6 +169,57 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_dataset)
+
+
+class EpochBatchSampler(DistributedSampler):
+    """Index batches (LongTensors) of a map-style dataset, in an order fixed by ``(seed, epoch)``.
+
+    With ``shuffle`` the order of epoch e is a permutation drawn from a generator seeded with
+    ``SeedSequence([seed, e])``, so a run resumed from a checkpoint at epoch k sees the batches of an
+    uninterrupted run (the Trainer calls :meth:`set_epoch` before every epoch); without ``shuffle`` the
+    order is the dataset's. Each of ``num_replicas`` ranks takes every ``num_replicas``-th index of the
+    order, padded with its first indices to a multiple of ``num_replicas`` (as ``DistributedSampler`` does,
+    whose subclass this is so that the Trainer does not wrap it in another), then cuts its share into
+    batches of ``batch_size``, the last one shorter.
+
+    Used as ``DataLoader(dataset, batch_size=None, sampler=EpochBatchSampler(...))``: a dataset that takes a
+    list of indices, like ``TensorDataset``, then returns whole batches by slicing its tensors.
+
+    Args:
+        dataset: The dataset; only its length is read.
+        batch_size: Indices per batch.
+        shuffle: Permute the order every epoch.
+        seed: Seed of the permutations.
+        num_replicas: Ranks that share the data.
+        rank: This rank, in ``0..num_replicas-1``.
+
+    Example::
+
+        >>> sampler = EpochBatchSampler(range(5), batch_size=2, shuffle=False)
+        >>> [b.tolist() for b in sampler]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
+                 rank: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[Tensor]:
+        n = len(self.dataset)
+        if self.shuffle:
+            state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2, np.uint32)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
+        else:
+            order = torch.arange(n)
+        if self.total_size > n:
+            order = torch.cat([order, order[: self.total_size - n]])
+        return iter(order[self.rank : self.total_size : self.num_replicas].split(self.batch_size))
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
 
 
 class TorchvisionDataModule(ClassificationDataModule):
@@ -184,6 +250,32 @@ class TorchvisionDataModule(ClassificationDataModule):
     def _torchvision(self, train: bool, download: bool = False) -> VisionDataset:
         raise NotImplementedError
 
+    def _split_files(self, train: bool) -> tuple[str, ...]:
+        """The files of :attr:`files` that the training (or the test) split reads."""
+        raise NotImplementedError
+
+    def _file_problem(self, path: Path) -> str | None:
+        """What is wrong with one data file, or None if it looks readable."""
+        return None
+
+    def _read(self, train: bool) -> VisionDataset:
+        """The torchvision dataset of a split; a file that cannot be read is named, with what to do."""
+        try:
+            return self._torchvision(train)
+        except (RuntimeError, ValueError, AssertionError, EOFError, pickle.UnpicklingError, KeyError, IndexError,
+                TypeError, struct.error) as err:
+            names = self._split_files(train)
+            problems = {name: self._file_problem(self.root / name) for name in names}
+            bad = [f"  {self.root / name}: {problem}" for name, problem in problems.items() if problem]
+            found = ("\n".join(bad) if bad else
+                     "one of\n" + "\n".join(f"  {self.root / name}" for name in names))
+            raise ValueError(
+                f"{type(self).__name__} cannot read the {'training' if train else 'test'} files "
+                f"({type(err).__name__}: {err}); corrupt or truncated (an interrupted download or copy?):\n{found}\n"
+                "Delete the file and download it again (`download=True` on a machine with internet access, which "
+                "checks the archive's md5 sum), or copy it anew."
+            ) from err
+
     def _tensors(self, dataset: VisionDataset) -> tuple[Tensor, Tensor]:
         """Inputs as ``(n, *input_shape)`` and labels of a loaded torchvision dataset."""
         raise NotImplementedError
@@ -205,7 +297,7 @@ class TorchvisionDataModule(ClassificationDataModule):
 
     def _load(self) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         self._check_files()
-        return *self._tensors(self._torchvision(True)), self._tensors(self._torchvision(False))
+        return *self._tensors(self._read(True)), self._tensors(self._read(False))
 
 
 def five_or_more(y: Tensor, task: str) -> Tensor:

@@ -1,7 +1,9 @@
 """CIFAR-10 read by torchvision from a local root."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import pickle
+from pathlib import Path
+from typing import Any, Literal, Sequence, get_args
 
 import torch
 from torch import Tensor
@@ -9,7 +11,8 @@ from torchvision.datasets import CIFAR10
 
 from lightning_nsv.datamodules.base import TASKS, TorchvisionDataModule
 
-CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CIFAR10Class = Literal["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR10_CLASSES: tuple[str, ...] = get_args(CIFAR10Class)
 
 
 class _CIFAR10Files(CIFAR10):
@@ -62,7 +65,7 @@ class CIFAR10FrogsShipsDataModule(TorchvisionDataModule):
         self,
         root: str,
         download: bool = False,
-        classes: Sequence[str] = ("frog", "ship"),
+        classes: Sequence[CIFAR10Class] = ("frog", "ship"),
         normalize: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -85,6 +88,19 @@ class CIFAR10FrogsShipsDataModule(TorchvisionDataModule):
 
     def _torchvision(self, train: bool, download: bool = False) -> CIFAR10:
         return _CIFAR10Files(self.root, train=train, download=download)
+
+    def _split_files(self, train: bool) -> tuple[str, ...]:
+        return self.files[:5] + self.files[-1:] if train else self.files[5:]
+
+    def _file_problem(self, path: Path) -> str | None:
+        try:
+            with path.open("rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+        except Exception as err:  # any unpickling failure is the answer
+            return f"cannot be unpickled ({type(err).__name__}: {err})"
+        keys = ("label_names",) if path.name == CIFAR10.meta["filename"] else ("data", "labels")
+        missing = [key for key in keys if not isinstance(entry, dict) or key not in entry]
+        return f"has no {', '.join(missing)}" if missing else None
 
     def _tensors(self, dataset: CIFAR10) -> tuple[Tensor, Tensor]:
         if tuple(dataset.classes) != CIFAR10_CLASSES:

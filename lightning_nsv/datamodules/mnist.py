@@ -1,6 +1,10 @@
 """MNIST read by torchvision from a local root."""
 from __future__ import annotations
 
+import math
+import struct
+from pathlib import Path
+
 from torch import Tensor
 from torchvision.datasets import MNIST
 
@@ -41,8 +45,35 @@ class BinaryMNISTDataModule(TorchvisionDataModule):
     def _torchvision(self, train: bool, download: bool = False) -> MNIST:
         return MNIST(self.root, train=train, download=download)
 
+    def _split_files(self, train: bool) -> tuple[str, ...]:
+        return self.files[:2] if train else self.files[2:]
+
+    def _file_problem(self, path: Path) -> str | None:
+        return idx_file_problem(path.read_bytes())
+
     def _tensors(self, dataset: MNIST) -> tuple[Tensor, Tensor]:
         return dataset.data.unsqueeze(1), dataset.targets
 
     def _relabel(self, y: Tensor) -> Tensor:
         return five_or_more(y, self.task)
+
+
+def idx_file_problem(data: bytes) -> str | None:
+    """What is wrong with the bytes of an uncompressed IDX file of unsigned bytes, or None.
+
+    The format: a big-endian magic number ``0x0000 08 <ndim>``, ``ndim`` big-endian uint32 sizes, then the
+    ``prod(sizes)`` bytes of data.
+    """
+    if len(data) < 4:
+        return f"{len(data)} bytes, shorter than the 4-byte IDX magic number"
+    magic = int.from_bytes(data[:4], "big")
+    ndim = magic & 0xFF
+    if magic >> 8 != 0x08 or ndim < 1:
+        return f"magic number 0x{magic:08x}, not that of an IDX file of unsigned bytes (0x0000080n)"
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        return f"{len(data)} bytes, shorter than its {header}-byte header"
+    expected = header + math.prod(struct.unpack(f">{ndim}I", data[4:header]))
+    if len(data) != expected:
+        return f"{len(data):,} bytes, its header announces {expected:,}"
+    return None

@@ -1,7 +1,7 @@
 """Synthetic data generated from the seed: 2-D toy sets and the quadrant data of the NSV paper."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -66,7 +66,13 @@ class Toy2DDataModule(ClassificationDataModule):
 
     input_shape = (2,)
 
-    def __init__(self, name: str = "moons", n_samples: int = 1000, noise: float = 0.1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: Literal["blobs", "moons", "circles", "xor", "spirals"] = "moons",
+        n_samples: int = 1000,
+        noise: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if name not in TOY_SETS:
             raise ValueError(f"`name` can be {', '.join(TOY_SETS)}, got {name!r}")

@@ -1,9 +1,10 @@
 """Convolutional trunk + fully connected Leaky-ReLU head (the CNN of Snyder & Vishwanath, App. VII-C)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from lightning_nsv.models.layers import make_activation
 from lightning_nsv.models.mlp import LeakyReLUMLP
@@ -46,25 +47,34 @@ class ConvFCNet(LeakyReLUMLP):
 
     Training is :class:`~lightning_nsv.models.mlp.LeakyReLUMLP`'s: the logistic loss on labels 0/1 with one
     logit (``num_classes=1``), or cross-entropy on labels ``0..K-1`` with ``num_classes=K >= 2`` (a network for
-    multiclass experiments; the support-vector analysis needs one logit).
+    multiclass experiments; the support-vector analysis needs one logit). Labels are checked at the first batch
+    of every epoch. The optimizer is set by ``optimizer``, ``lr``, ``momentum`` and ``weight_decay``
+    (LightningCLI's ``--optimizer``, when given, replaces them; see ``LeakyReLUMLP``).
 
     Args:
-        in_channels: image channels (digits and MNIST: 1, CIFAR-10: 3).
+        in_channels: Image channels (digits and MNIST: 1, CIFAR-10: 3).
         image_size: ``(H, W)`` or one int for square images; only used to size the first Linear layer.
-        fc_depth: number of hidden fully connected layers ("FC depth"), ``>= 0``.
-        fc_width: width of each of them.
-        conv_channels: filters of each convolution.
-        padding: zero padding of each 3×3 convolution (1 keeps the size; see :func:`conv_trunk`).
-        beta, gamma: slopes of the activation (ReLU: 0, 1).
-        bias: biases in every convolution and Linear layer.
-        num_classes: outputs; 1 for the binary logit the support-vector analysis reads.
-        optimizer, lr, momentum, weight_decay, init_std: as for ``LeakyReLUMLP`` (``init_std`` applies to the
-            Linear layers).
+        fc_depth: Number of hidden fully connected layers ("FC depth"), ``>= 0``.
+        fc_width: Width of each hidden fully connected layer.
+        conv_channels: Filters of each convolution.
+        padding: Zero padding of each 3×3 convolution (1 keeps the size; see :func:`conv_trunk`).
+        beta: Slope of the activation for negative inputs, in the trunk and the head (ReLU: 0).
+        gamma: Slope of the activation for non-negative inputs (ReLU: 1).
+        bias: Biases in every convolution and Linear layer.
+        num_classes: Outputs; 1 for the binary logit the support-vector analysis reads, K >= 2 for K classes.
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
+        lr: Learning rate.
+        momentum: SGD momentum (ignored by Adam).
+        weight_decay: L2 penalty of the optimizer.
+        init_std: If given, the Linear layers' weights are drawn from ``N(0, init_std²)`` and their biases start
+            at 0; otherwise PyTorch's default initialisation.
 
     Raises:
-        ValueError: when the trunk leaves no pixels for ``image_size``, or on sizes below 1.
+        ValueError: When the trunk leaves no pixels for ``image_size``, or on sizes below 1; at the first batch
+            of an epoch, on labels that are not integers in ``0..max(1, num_classes-1)``.
 
-    Logged metrics: ``train_loss``, ``train_error``, ``val_loss``, ``val_error`` (as ``LeakyReLUMLP``).
+    Logged metrics: ``train_loss``, ``train_error_running``, ``val_loss``, ``val_error``, ``test_loss``,
+    ``test_error``, as ``LeakyReLUMLP`` (error = 1 − accuracy, micro-averaged over samples for K classes).
 
     Example::
 
@@ -87,7 +97,7 @@ class ConvFCNet(LeakyReLUMLP):
         gamma: float = 1.0,
         bias: bool = True,
         num_classes: int = 1,
-        optimizer: str = "sgd",
+        optimizer: Literal["sgd", "adam"] = "sgd",
         lr: float = 0.01,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
@@ -114,11 +124,7 @@ class ConvFCNet(LeakyReLUMLP):
                     nn.init.zeros_(head[-1].bias)
         self.net = nn.Sequential(*trunk[:-1], *head)
         self.embedding_features = features
-
-    def _loss_and_error(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        if self.hparams.num_classes == 1:
-            return super()._loss_and_error(logits, y)
-        return F.cross_entropy(logits, y.long()), (logits.argmax(-1) != y.long()).float().mean()
+        self._build_metrics(num_classes)
 
 
 def _trunk_features(trunk: list[nn.Module], in_channels: int, size: tuple[int, int]) -> int:

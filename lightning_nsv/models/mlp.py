@@ -1,7 +1,7 @@
 """Leaky-ReLU-family MLP for binary classification with the logistic loss."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -9,28 +9,48 @@ from torch import Tensor
 
 from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import mlp_sequential
+from lightning_nsv.models.metrics import StageMetrics, check_labels
 
 OPTIMIZERS = ("sgd", "adam")
+STAGES = ("train", "val", "test")
 
 
 class LeakyReLUMLP(pl.LightningModule):
     """``f → Ω_1 → … → Ω_d → 1`` with ``rho(z) = gamma·z (z >= 0), beta·z (z < 0)``.
 
     The network is ``self.net``, an ``nn.Sequential(Flatten, Linear, act, …, Linear)``: the path part that
-    :class:`~lightning_nsv.callbacks.NetworkSupportVectors` reads. Labels are 0/1; the loss is the logistic
-    loss ``log(1 + exp(−y·N(x)))`` with ``y = ±1``.
+    :class:`~lightning_nsv.callbacks.NetworkSupportVectors` reads. Labels are integers 0/1 (checked at the
+    first batch of every epoch; ±1 labels are refused with the mapping to use); the loss is the logistic
+    loss ``log(1 + exp(−y·N(x)))`` with ``y = ±1``, i.e. binary cross-entropy on the logit.
+
+    The optimizer is set by this module's own arguments (``optimizer``, ``lr``, ``momentum``,
+    ``weight_decay``), on the command line ``--model.optimizer adam --model.lr 0.01``. LightningCLI's own
+    ``--optimizer``/``--lr_scheduler`` options, when given, replace :meth:`configure_optimizers` and these
+    arguments are then ignored.
 
     Args:
-        in_features: input size ``f`` (images are flattened; digits: 64, MNIST: 784).
-        widths: hidden widths ``Ω_1, …, Ω_d``.
-        beta, gamma: slopes of the activation (ReLU: 0, 1; absolute value: -1, 1).
-        bias: whether the Linear layers have biases.
+        in_features: Input size ``f`` (images are flattened; digits: 64, MNIST: 784).
+        widths: Hidden widths ``Ω_1, …, Ω_d``.
+        beta: Slope of the activation for negative inputs (ReLU: 0, Leaky-ReLU: 0.01 or 0.1, absolute value: -1).
+        gamma: Slope of the activation for non-negative inputs (1 for ReLU and Leaky-ReLU).
+        bias: Whether the Linear layers have biases.
         optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
-        lr, momentum, weight_decay: optimiser settings.
-        init_std: if given, weights are drawn from ``N(0, init_std²)`` and biases start at 0.
+        lr: Learning rate.
+        momentum: SGD momentum (ignored by Adam).
+        weight_decay: L2 penalty of the optimizer.
+        init_std: If given, weights are drawn from ``N(0, init_std²)`` and biases start at 0; otherwise
+            PyTorch's default initialisation.
 
-    Logged metrics: ``train_loss``, ``train_error`` (running, over the epoch's batches), ``val_loss``,
-    ``val_error``.
+    Raises:
+        ValueError: On an unknown optimizer, a non-positive ``lr`` or ``init_std``; at the first batch of an
+            epoch, on labels that are not integers 0/1.
+
+    Logged metrics (epoch aggregates through torchmetrics, synced across ranks):
+        ``train_loss``, ``train_error_running``: mean loss and error over the epoch's batches, each taken with
+        the weights of its step, so ``train_error_running`` can stay above 0 in the epoch at whose end the
+        frozen weights classify every training sample correctly (what
+        :class:`~lightning_nsv.callbacks.NetworkSupportVectors` checks). ``val_loss``, ``val_error``,
+        ``test_loss``, ``test_error``: exact for the weights at the end of the epoch.
 
     Example::
 
@@ -46,7 +66,7 @@ class LeakyReLUMLP(pl.LightningModule):
         beta: float = 0.1,
         gamma: float = 1.0,
         bias: bool = True,
-        optimizer: str = "sgd",
+        optimizer: Literal["sgd", "adam"] = "sgd",
         lr: float = 0.05,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
@@ -67,29 +87,44 @@ class LeakyReLUMLP(pl.LightningModule):
                     torch.nn.init.normal_(layer.weight, std=init_std)
                     if layer.bias is not None:
                         torch.nn.init.zeros_(layer.bias)
+        self._build_metrics(1)
+
+    def _build_metrics(self, num_outputs: int) -> None:
+        self.num_outputs = num_outputs
+        for stage in STAGES:  # train_metrics, val_metrics, test_metrics
+            setattr(self, f"{stage}_metrics", StageMetrics(num_outputs))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).squeeze(-1)
 
-    def _loss_and_error(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
-        return loss, ((logits >= 0).long() != y.long()).float().mean()
+    def _loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        if self.num_outputs == 1:
+            return F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
+        return F.cross_entropy(logits, y.long())
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
-        loss, error = self._loss_and_error(self(x), y)
-        self.log(f"{stage}_loss", loss, on_step=False, on_epoch=True, prog_bar=stage == "train")
-        self.log(f"{stage}_error", error, on_step=False, on_epoch=True, prog_bar=True)
+    def _step(self, batch: Any, batch_idx: int, stage: str) -> Tensor:
+        x, y = batch[0], batch[1]
+        metrics = getattr(self, f"{stage}_metrics")
+        if batch_idx == 0:
+            check_labels(y, self.num_outputs, type(self).__name__, {"train": "training"}.get(stage, stage))
+            metrics.new_epoch()
+            # metric objects, logged once per epoch: computed and reset by Lightning at the epoch's end
+            error_key = "train_error_running" if stage == "train" else f"{stage}_error"
+            self.log(f"{stage}_loss", metrics.loss, on_step=False, on_epoch=True, prog_bar=stage == "train")
+            self.log(error_key, metrics.error, on_step=False, on_epoch=True, prog_bar=stage != "test")
+        logits = self(x)
+        loss = self._loss(logits, y)
+        metrics.record(batch_idx, loss, logits, y)
         return loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._step(batch, batch_idx, "train")
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "val")
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, batch_idx, "val")
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "test")
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, batch_idx, "test")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         hp = self.hparams

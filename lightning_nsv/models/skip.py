@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import LeakyReLUFamily, eval_mode, mlp_sequential
+from lightning_nsv.models.metrics import StageMetrics, check_labels
 
 MODES = ("original", "skip_sgd", "skip_rand")
 OPTIMIZERS = ("sgd", "adam", "lbfgs")
@@ -91,7 +92,8 @@ class SkipNetwork(pl.LightningModule):
         input_shape: Shape of one input; when None, inferred from ``net.input_shape``, a ConvFCNet's
             ``in_channels`` and ``image_size``, the mapping's ``in_features`` or a leading ``nn.Linear``.
         num_skip_units: Units drawn from the hidden layers below the last one (0 in ``"original"`` mode).
-        mode: ``"original"``, ``"skip_sgd"`` or ``"skip_rand"``.
+        mode: ``"original"`` (no skip units), ``"skip_sgd"`` (hidden layers and V trained) or ``"skip_rand"``
+            (hidden layers random and frozen, only V trained).
         skip_seed: Seed of the unit draw, of the new output layer and of a network built from a mapping
             (not ``seed``, which data modules use: Lightning refuses two different values of one name).
         hidden_layers: Positions, in the flattened module list, of the lower hidden layers to draw from;
@@ -103,11 +105,21 @@ class SkipNetwork(pl.LightningModule):
         momentum: SGD momentum.
         weight_decay: L2 penalty of the optimizer.
 
+    The optimizer is set by ``optimizer``, ``lr``, ``momentum`` and ``weight_decay``, on the command line
+    ``--model.optimizer adam --model.lr 0.01``; LightningCLI's own ``--optimizer``, when given, replaces
+    :meth:`configure_optimizers` and these arguments are then ignored.
+
     Raises:
         ValueError: On an unknown mode or optimizer, a non-positive ``lr``, ``num_skip_units`` out of range,
             a ``net`` that does not end with an ``nn.Linear`` of K >= 2 outputs or has no hidden layer, or
-            an input shape that cannot be inferred.
+            an input shape that cannot be inferred; at the first batch of an epoch, on labels that are not
+            integers in ``0..K-1``.
         TypeError: If ``net`` is none of the accepted kinds.
+
+    Logged metrics (epoch aggregates through torchmetrics, synced across ranks): ``train_loss`` and
+    ``train_acc_running``, the mean cross-entropy and accuracy over the epoch's batches, each with the weights
+    of its step (with ``"lbfgs"``: the first evaluation of each batch); ``val_loss``, ``val_acc``,
+    ``test_loss``, ``test_acc``, exact for the weights at the end of the epoch.
 
     Example::
 
@@ -121,10 +133,10 @@ class SkipNetwork(pl.LightningModule):
         net: nn.Module | Mapping[str, Any],
         input_shape: Sequence[int] | None = None,
         num_skip_units: int = 0,
-        mode: str = "skip_sgd",
+        mode: Literal["original", "skip_sgd", "skip_rand"] = "skip_sgd",
         skip_seed: int = 0,
         hidden_layers: Sequence[int] | None = None,
-        optimizer: str = "sgd",
+        optimizer: Literal["sgd", "adam", "lbfgs"] = "sgd",
         lr: float = 0.1,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
@@ -163,6 +175,8 @@ class SkipNetwork(pl.LightningModule):
             self.trunk.requires_grad_(False)
         self._build_gathers()
         self.register_load_state_dict_post_hook(_rebuild_gathers)
+        for stage in ("train", "val", "test"):  # train_metrics, val_metrics, test_metrics
+            setattr(self, f"{stage}_metrics", StageMetrics(output.out_features))
 
     @classmethod
     def mlp(
@@ -330,23 +344,29 @@ class SkipNetwork(pl.LightningModule):
             self.trunk.train(False)
         return self
 
-    def _step(self, batch: Any, stage: str) -> Tensor:
+    def _step(self, batch: Any, batch_idx: int, stage: str) -> Tensor:
         x, y = batch[0], batch[1]
+        metrics = getattr(self, f"{stage}_metrics")
+        if batch_idx == 0:
+            check_labels(y, self.num_classes, type(self).__name__, {"train": "training"}.get(stage, stage))
+            metrics.new_epoch()
+            # metric objects, logged once per epoch: computed and reset by Lightning at the epoch's end
+            acc_key = "train_acc_running" if stage == "train" else f"{stage}_acc"
+            self.log(f"{stage}_loss", metrics.loss, on_step=False, on_epoch=True, prog_bar=stage != "test")
+            self.log(acc_key, metrics.accuracy, on_step=False, on_epoch=True, prog_bar=stage != "test")
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        self.log(f"{stage}_loss", loss, on_step=False, on_epoch=True, prog_bar=stage != "test")
-        self.log(f"{stage}_acc", (logits.argmax(1) == y).float().mean(), on_step=False, on_epoch=True,
-                 prog_bar=stage != "test")
+        metrics.record(batch_idx, loss, logits, y)
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
+        return self._step(batch, batch_idx, "train")
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
+        self._step(batch, batch_idx, "val")
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
+        self._step(batch, batch_idx, "test")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

@@ -1,0 +1,122 @@
+"""Epoch aggregates of a stage (train, val or test) through torchmetrics, at the cost of a list append per step."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, Metric
+from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
+from torchmetrics.utilities import dim_zero_cat
+
+__all__ = ["EpochMetric", "StageMetrics", "check_labels"]
+
+
+class EpochMetric(Metric):
+    """``metric`` computed once on all the inputs of an epoch.
+
+    :meth:`update` only keeps its inputs in list states; :meth:`compute` concatenates them over the batches
+    and, in distributed runs, over the ranks (``dist_reduce_fx="cat"``), and gives them to ``metric`` in one
+    update. The value is the torchmetrics value of the whole epoch; the per-step cost is a list append (a
+    per-step ``BinaryAccuracy.update`` takes about 0.2 ms, a sixth of a training step of a 784-16-16-16-1
+    MLP at batch 100). Memory: every input of the epoch (for accuracy, two integers per sample).
+
+    Args:
+        metric: The metric to compute, built with ``sync_on_compute=False`` (it sees gathered inputs).
+        num_inputs: Positional arguments of ``metric.update``.
+    """
+
+    full_state_update = False
+
+    def __init__(self, metric: Metric, num_inputs: int = 2) -> None:
+        super().__init__()
+        if metric.sync_on_compute:
+            raise ValueError(
+                f"the wrapped {type(metric).__name__} must be built with sync_on_compute=False: EpochMetric gathers "
+                "its inputs across ranks itself"
+            )
+        self.metric, self.num_inputs = metric, num_inputs
+        for i in range(num_inputs):
+            self.add_state(f"input_{i}", default=[], dist_reduce_fx="cat")
+
+    def update(self, *inputs: Tensor) -> None:
+        for i, value in enumerate(inputs):
+            getattr(self, f"input_{i}").append(value)
+
+    def compute(self) -> Tensor:
+        inputs = [getattr(self, f"input_{i}") for i in range(self.num_inputs)]
+        if isinstance(inputs[0], list) and not inputs[0]:
+            return torch.tensor(float("nan"), device=self.device)
+        self.metric.reset()
+        self.metric.update(*(dim_zero_cat(value) for value in inputs))
+        return self.metric.compute()
+
+
+class StageMetrics(nn.Module):
+    """Mean loss, accuracy and error (``1 - accuracy``) of one stage over an epoch.
+
+    :attr:`loss` is a ``MeanMetric`` weighted by batch size, :attr:`accuracy` a ``BinaryAccuracy`` (one logit,
+    predicted class ``logit >= 0``) or a ``MulticlassAccuracy(average="micro")`` (K >= 2 outputs, argmax), each
+    inside an :class:`EpochMetric`; :attr:`error` is torchmetrics' ``1 - accuracy``. Log them as metric objects
+    (``self.log(name, stage_metrics.error)``): they are gathered across ranks when computed, at the end of the
+    epoch, and Lightning resets them after. One record per batch: an optimizer that evaluates its closure
+    several times per batch (L-BFGS) contributes the first evaluation, before its step.
+
+    Args:
+        num_outputs: 1 for a binary logit, K >= 2 for K classes.
+    """
+
+    def __init__(self, num_outputs: int) -> None:
+        super().__init__()
+        self.num_outputs = num_outputs
+        accuracy = (BinaryAccuracy(validate_args=False, sync_on_compute=False) if num_outputs == 1 else
+                    MulticlassAccuracy(num_outputs, average="micro", validate_args=False, sync_on_compute=False))
+        # not nan_strategy="disable": torchmetrics 1.9 then drops the weights
+        self.loss = EpochMetric(MeanMetric(sync_on_compute=False))
+        self.accuracy = EpochMetric(accuracy)
+        self.error: Metric = 1 - self.accuracy
+        self._last_batch: int | None = None
+
+    def predict(self, logits: Tensor) -> Tensor:
+        """Predicted classes: ``logit >= 0`` (sign(0) = +1) for one output, the argmax for K."""
+        return (logits >= 0).long() if self.num_outputs == 1 else logits.argmax(-1)
+
+    def record(self, batch_idx: int, loss: Tensor, logits: Tensor, target: Tensor) -> None:
+        if batch_idx == self._last_batch:
+            return
+        self._last_batch = batch_idx
+        loss = loss.detach()
+        self.loss.update(loss.reshape(1), loss.new_full((1,), len(target)))
+        self.accuracy.update(self.predict(logits.detach()), target.detach().long())
+
+    def new_epoch(self) -> None:
+        self._last_batch = None
+
+
+def check_labels(y: Tensor, num_outputs: int, owner: str, stage: str) -> None:
+    """Raise ``ValueError`` unless ``y`` holds integer class labels for ``num_outputs`` outputs: 0/1 for one
+    logit, ``0..K-1`` for K >= 2 outputs."""
+    if y.is_floating_point() or y.is_complex():
+        raise ValueError(
+            f"{owner} needs integer class labels, got {y.dtype} labels in the first {stage} batch; convert them "
+            "with `y.long()` (hard labels only: the analyses read classes, not probabilities)"
+        )
+    if y.numel() == 0:
+        return
+    k = 2 if num_outputs == 1 else num_outputs
+    low, high = int(y.min()), int(y.max())
+    if 0 <= low and high < k:
+        return
+    values = y.unique().tolist()
+    if num_outputs == 1 and set(values) <= {-1, 1}:
+        raise ValueError(
+            f"{owner} trains one logit on labels 0/1, got labels -1/+1 in the first {stage} batch (the logistic "
+            "loss with target -1 is not the loss of -1/+1 labels); map them with `(y + 1) // 2` (-1 -> 0, +1 -> 1)"
+        )
+    if num_outputs == 1:
+        raise ValueError(
+            f"{owner} trains one logit on labels 0/1, got labels {values[:10]} in the first {stage} batch; for K "
+            "classes use K outputs (ConvFCNet(num_classes=K), SkipNetwork)"
+        )
+    raise ValueError(
+        f"{owner} has {k} outputs, so labels must be in 0..{k - 1}, got labels in {low}..{high} in the first "
+        f"{stage} batch; set the number of outputs to the number of classes or relabel to 0..{k - 1}"
+    )

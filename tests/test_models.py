@@ -1,0 +1,178 @@
+"""Models under the Trainer: exact resume, epoch metrics against direct counts, label checks, CLI help."""
+from __future__ import annotations
+
+import inspect
+import typing
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_nsv.compat import Callback, pl
+from lightning_nsv.datamodules import (
+    BinaryMNISTDataModule,
+    CIFAR10FrogsShipsDataModule,
+    ClassificationDataModule,
+    DigitsDataModule,
+    QuadrantDataModule,
+    Toy2DDataModule,
+)
+from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, SkipNetwork
+from lightning_nsv.models.metrics import EpochMetric
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def _trainer(tmp_path, max_epochs, **kwargs):
+    return pl.Trainer(max_epochs=max_epochs, default_root_dir=tmp_path, accelerator="cpu", devices=1,
+                      **{**QUIET, **kwargs})
+
+
+def _fit_mlp(tmp_path, max_epochs, ckpt_path=None):
+    pl.seed_everything(0, verbose=False)
+    model = LeakyReLUMLP(widths=[16, 16], lr=0.05)
+    trainer = _trainer(tmp_path, max_epochs, limit_val_batches=0)
+    trainer.fit(model, datamodule=DigitsDataModule(m=120, batch_size=25, seed=3), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def test_resumed_run_sees_the_batches_of_an_uninterrupted_run(tmp_path):
+    straight, _ = _fit_mlp(tmp_path / "straight", 5)
+    first, trainer = _fit_mlp(tmp_path / "first", 2)
+    path = tmp_path / "epoch2.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["epoch"] == 2 and "state_dict" in checkpoint
+    resumed, trainer = _fit_mlp(tmp_path / "resumed", 5, ckpt_path=str(path))
+    assert trainer.current_epoch == 5
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(first.net[1].weight, resumed.net[1].weight)
+
+
+class _Seen(Callback):
+    """What a plain (non-monitoring) callback sees in ``callback_metrics`` at the end of each epoch."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.epochs.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def _direct(model, dataset, binary=True):
+    x, y = dataset.tensors
+    with torch.no_grad():
+        logits = model(x)
+    if binary:
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y.float())
+        wrong = ((logits >= 0).long() != y).float().mean()
+    else:
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        wrong = (logits.argmax(1) != y).float().mean()
+    return float(loss), float(wrong)
+
+
+def test_mlp_epoch_metrics_equal_direct_counts(tmp_path):
+    pl.seed_everything(1, verbose=False)
+    dm = DigitsDataModule(m=150, batch_size=40, seed=0)
+    model, seen = LeakyReLUMLP(widths=[8], lr=0.05), _Seen()
+    trainer = _trainer(tmp_path, 3, callbacks=[seen])
+    trainer.fit(model, datamodule=dm)
+    assert set(trainer.callback_metrics) == {"train_loss", "train_error_running", "val_loss", "val_error"}
+    assert [set(e) >= {"train_loss", "train_error_running"} for e in seen.epochs] == [True] * 3
+    loss, error = _direct(model, dm.val_dataset)
+    assert float(trainer.callback_metrics["val_error"]) == pytest.approx(error, abs=1e-7)
+    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx(loss, rel=1e-5)
+    wrong = float(trainer.callback_metrics["train_error_running"]) * 150
+    assert wrong == pytest.approx(round(wrong), abs=1e-3)  # a count over the last epoch's 150 samples
+    (result,) = trainer.test(model, datamodule=dm, verbose=False)
+    assert result["test_error"] == pytest.approx(error, abs=1e-7) and result["test_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_running_train_metrics_average_the_steps_of_one_epoch(tmp_path):
+    x = torch.randn(60, 4)
+    y = (x[:, 0] > 0).long()
+    model = LeakyReLUMLP(in_features=4, widths=[3], lr=1e-9)  # weights do not move: running == frozen
+    trainer = _trainer(tmp_path, 2)
+    trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=16))
+    loss, error = _direct(model, TensorDataset(x, y))
+    assert float(trainer.callback_metrics["train_error_running"]) == pytest.approx(error, abs=1e-6)
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)  # weighted by batch size
+
+
+def test_conv_fc_and_skip_multiclass_metrics(tmp_path):
+    pl.seed_everything(0, verbose=False)
+    dm = DigitsDataModule(m=100, batch_size=50, task="multiclass")
+    conv = ConvFCNet(in_channels=1, image_size=8, fc_depth=1, fc_width=8, conv_channels=4, num_classes=10)
+    skip = SkipNetwork.mlp(64, [16, 16], 10, "tanh", num_skip_units=8)
+    for model, error_key in ((conv, "val_error"), (skip, "val_acc")):
+        trainer = _trainer(tmp_path, 1)
+        trainer.fit(model, datamodule=dm)
+        _, error = _direct(model, dm.val_dataset, binary=False)
+        expected = error if error_key == "val_error" else 1 - error
+        assert float(trainer.callback_metrics[error_key]) == pytest.approx(expected, abs=1e-6)
+    assert {"train_loss", "train_acc_running", "val_loss", "val_acc"} == set(trainer.callback_metrics)
+    for model in (conv, skip):
+        assert not any(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vars(model).values())
+        assert isinstance(model.val_metrics.accuracy, EpochMetric)
+
+
+def _labels_fit(tmp_path, model, x, y):
+    trainer = _trainer(tmp_path, 1)
+    trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=8))
+
+
+@pytest.mark.parametrize("make", [lambda: LeakyReLUMLP(in_features=4, widths=[3]),
+                                  lambda: ConvFCNet(in_channels=1, image_size=4, fc_depth=1, fc_width=3,
+                                                    conv_channels=2, padding=1)])
+@pytest.mark.parametrize("labels, match", [
+    (torch.tensor([-1, 1] * 8), r"got labels -1/\+1 in the first training batch .* map them with `\(y \+ 1\) // 2`"),
+    (torch.tensor([0.0, 1.0] * 8), r"needs integer class labels, got torch.float32 labels .* `y.long\(\)`"),
+    (torch.tensor([0, 1, 2, 3] * 4), r"one logit on labels 0/1, got labels \[0, 1, 2, 3\] .*num_classes=K"),
+])
+def test_binary_models_refuse_bad_labels(tmp_path, make, labels, match):
+    model = make()
+    shape = (4,) if isinstance(model, LeakyReLUMLP) and not isinstance(model, ConvFCNet) else (1, 4, 4)
+    with pytest.raises(ValueError, match=match):
+        _labels_fit(tmp_path, model, torch.randn(16, *shape), labels)
+
+
+def test_multiclass_models_refuse_labels_out_of_range(tmp_path):
+    conv = ConvFCNet(in_channels=1, image_size=4, fc_depth=1, fc_width=3, conv_channels=2, num_classes=3)
+    with pytest.raises(ValueError, match=r"ConvFCNet has 3 outputs, so labels must be in 0..2, got labels in 0..4"):
+        _labels_fit(tmp_path, conv, torch.randn(16, 1, 4, 4), torch.arange(16) % 5)
+    skip = SkipNetwork.mlp(4, [5], 3, num_skip_units=0)
+    with pytest.raises(ValueError, match=r"SkipNetwork has 3 outputs, so labels must be in 0..2, got labels in -1..1"):
+        _labels_fit(tmp_path, skip, torch.randn(16, 4), torch.tensor([-1, 0, 1, 1] * 4))
+    with pytest.raises(ValueError, match="SkipNetwork needs integer class labels, got torch.float64"):
+        _labels_fit(tmp_path, skip, torch.randn(16, 4), torch.zeros(16, dtype=torch.float64))
+
+
+CLASSES = [LeakyReLUMLP, ConvFCNet, SkipNetwork, DigitsDataModule, BinaryMNISTDataModule, CIFAR10FrogsShipsDataModule,
+           Toy2DDataModule, QuadrantDataModule]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_cli_argument_has_help(cls):
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "obj")
+    helps = {a.dest.split(".", 1)[1]: a.help for a in parser._actions if a.dest.startswith("obj.")}
+    names = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")]
+    if issubclass(cls, ClassificationDataModule):
+        names += [p for p in inspect.signature(ClassificationDataModule.__init__).parameters if p != "self"]
+    missing = [name for name in names if not helps.get(name)]
+    assert not missing, f"{cls.__name__}: no help for {missing}"
+    assert all("," not in name for name in helps)
+
+
+def test_choices_are_literals():
+    hints = typing.get_type_hints(LeakyReLUMLP.__init__)
+    assert typing.get_args(hints["optimizer"]) == ("sgd", "adam")
+    assert typing.get_args(typing.get_type_hints(ConvFCNet.__init__)["optimizer"]) == ("sgd", "adam")
+    skip = typing.get_type_hints(SkipNetwork.__init__)
+    assert typing.get_args(skip["mode"]) == ("original", "skip_sgd", "skip_rand")
+    assert typing.get_args(skip["optimizer"]) == ("sgd", "adam", "lbfgs")
+    assert typing.get_args(typing.get_type_hints(ClassificationDataModule.__init__)["task"]) == ("binary", "multiclass")
