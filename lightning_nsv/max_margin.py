@@ -549,22 +549,61 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
 
 
+DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
+
+
 def _descend(free: _FreeSet, alpha: np.ndarray) -> np.ndarray:
-    """Move from feasible ``alpha`` towards ``Q_FF⁻¹ 1``, dropping members whose coefficient reaches zero."""
+    """Move from feasible ``alpha`` towards ``Q_FF⁻¹ 1``, dropping members whose coefficient reaches zero.
+
+    Dropped members D stay in the factor ``L`` for up to :data:`DROP_BATCH` steps and are held at zero by the
+    equality constraints ``x_D = 0``: ``x = L⁻ᵀ(u + Z μ)``, ``u = L⁻¹ 1``, ``Z = L⁻¹ E_D``, ``(ZᵀZ) μ = −Zᵀu``
+    (two triangular solves a step); then one downdate removes them all (:meth:`_FreeSet.remove`)."""
     while True:
-        target = free.solve_ones()
-        if np.all(target > 0):
-            return target
-        blocking = target <= 0
-        ratios = np.full(len(alpha), np.inf)
+        alpha, dropped, done = _descend_steps(free, alpha)
+        free.remove(dropped)
+        alpha = np.clip(np.delete(alpha, dropped), 0.0, None)
+        if done:
+            return alpha
+
+
+def _descend_steps(free: _FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Steps of :func:`_descend` on one factor: ``(alpha, dropped positions, reached the target)``."""
+    n = len(alpha)
+    if not n:
+        return alpha, np.zeros(0, dtype=np.int64), True
+    chol = free.chol
+    u = scipy.linalg.solve_triangular(chol, np.ones(n), lower=True, check_finite=False)
+    dropped = np.zeros(n, dtype=bool)
+    z = np.zeros((n, 0))
+    while True:
+        if z.shape[1]:
+            try:
+                gram = scipy.linalg.cho_factor(z.T @ z, lower=True, check_finite=False)
+            except np.linalg.LinAlgError:  # Q_FF too ill-conditioned to hold members at zero: downdate now
+                return alpha, np.flatnonzero(dropped), False
+            mu = scipy.linalg.cho_solve(gram, -(z.T @ u), check_finite=False)
+            target = scipy.linalg.solve_triangular(chol, u + z @ mu, lower=True, trans="T", check_finite=False)
+            target[dropped] = 0.0
+        else:
+            target = scipy.linalg.solve_triangular(chol, u, lower=True, trans="T", check_finite=False)
+        blocking = (target <= 0) & ~dropped
+        if not blocking.any():
+            return target, np.flatnonzero(dropped), True
+        ratios = np.full(n, np.inf)
         step_room = alpha[blocking] - target[blocking]  # >= alpha >= 0 where blocking
         ratios[blocking] = np.where(step_room > 0, alpha[blocking] / np.where(step_room > 0, step_room, 1.0), 0.0)
         first = int(np.argmin(ratios))
         alpha = alpha + min(ratios[first], 1.0) * (target - alpha)
         alpha[first] = 0.0
-        drop = blocking & (alpha <= 1e-14 * alpha.max(initial=1.0))
-        free.remove(np.flatnonzero(drop))
-        alpha = np.clip(alpha[~drop], 0.0, None)
+        new = np.flatnonzero(blocking & (alpha <= 1e-14 * alpha.max(initial=1.0)))
+        alpha[new] = 0.0
+        alpha[~dropped] = np.clip(alpha[~dropped], 0.0, None)
+        dropped[new] = True
+        if dropped.sum() >= min(DROP_BATCH, n):
+            return alpha, np.flatnonzero(dropped), False
+        unit = np.zeros((n, len(new)))
+        unit[new, np.arange(len(new))] = 1.0
+        z = np.hstack([z, scipy.linalg.solve_triangular(chol, unit, lower=True, check_finite=False)])
 
 
 def _refine(free: _FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarray:

@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
+    "InputGramCache",
     "PathKernelColumns",
     "PathNetwork",
     "PathSigns",
@@ -216,6 +218,85 @@ def path_kernel(
     return kernel
 
 
+class InputGramCache:
+    """Rows of the input Gram ``X Xᵀ`` kept between analyses of the same training inputs (a warm start).
+
+    ``X Xᵀ`` is most of the cost of kernel columns and does not change while the network trains; the slope Grams
+    are cheap. Pass one cache to repeated analyses (``network_support_vectors(..., cache=cache)``): each analysis
+    reads the rows it finds, computes the others, and keeps the rows of its support vectors for the next one.
+    The inputs are identified by ``(shape, dtype, X r)`` for a fixed random ``r``; other inputs reset the cache.
+
+    Memory: ``8·m`` bytes per kept row (float64): ``8·m·s`` between analyses, up to ``8·m·s'`` during one
+    (``s'`` the samples whose columns the solver asked for), on the device of ``X``.
+    """
+
+    def __init__(self) -> None:
+        self._fingerprint: tuple | None = None
+        self._slot: Tensor | None = None  # row of the buffer for each sample, -1 when absent
+        self._buffer: Tensor | None = None
+        self.count = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._buffer is None else self.count * self._buffer.shape[1] * self._buffer.element_size()
+
+    @property
+    def samples(self) -> Tensor:
+        """Samples whose rows are kept, in buffer order."""
+        if self._slot is None:
+            return torch.zeros(0, dtype=torch.long)
+        held = torch.nonzero(self._slot >= 0)[:, 0]
+        return held[torch.argsort(self._slot[held])]
+
+    @staticmethod
+    def _identify(x: Tensor) -> tuple:
+        probe = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        return tuple(x.shape), x.dtype, x.device, (x.to(torch.float64) @ probe.to(x.device)).cpu()
+
+    def attach(self, x: Tensor) -> bool:
+        """Use the cache for inputs ``x``; ``True`` when its rows belong to ``x``, else it is emptied."""
+        fingerprint = self._identify(x)
+        if self._fingerprint is not None and fingerprint[:3] == self._fingerprint[:3] \
+                and torch.equal(fingerprint[3], self._fingerprint[3]):
+            return True
+        self._fingerprint = fingerprint
+        self._slot = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+        self._buffer, self.count = None, 0
+        return False
+
+    def rows(self, x: Tensor, idx: Tensor) -> Tensor:
+        """``(X Xᵀ)[idx, :]`` (a new tensor), from kept rows where present; computed rows are kept."""
+        missing = torch.unique(idx[self._slot[idx] < 0])
+        self.misses += len(missing)
+        self.hits += len(idx) - len(missing)
+        if len(missing):
+            need = self.count + len(missing)
+            if self._buffer is None or need > self._buffer.shape[0]:
+                grown = torch.empty(max(need, 2 * self.count, 64), x.shape[0], dtype=x.dtype, device=x.device)
+                if self.count:
+                    grown[: self.count] = self._buffer[: self.count]
+                self._buffer = grown
+            self._buffer[self.count:need] = x[missing] @ x.T
+            self._slot[missing] = torch.arange(self.count, need, device=x.device)
+            self.count = need
+        return self._buffer[self._slot[idx]]
+
+    def keep(self, samples) -> None:
+        """Keep the rows of ``samples`` only (e.g. the support vectors), freeing the others."""
+        if self._buffer is None:
+            return
+        samples = torch.as_tensor(np.asarray(samples), dtype=torch.long, device=self._slot.device)
+        samples = samples[self._slot[samples] >= 0]
+        kept = self._buffer[self._slot[samples]].clone()
+        self._slot.fill_(-1)
+        self._slot[samples] = torch.arange(len(samples), device=self._slot.device)
+        self._buffer, self.count = kept, len(samples)
+
+
 class PathKernelColumns:
     """Columns ``K[:, idx]`` of the path kernel of one training set, computed on demand.
 
@@ -223,13 +304,15 @@ class PathKernelColumns:
     indicator of ``z >= 0`` (slope ``gamma``) and ``c_l`` its row sums,
     ``G_l = (gamma − beta)² P_l P_lᵀ + beta(gamma − beta)(c_l,i + c_l,j) + beta² Ω_l``; the counts ``P_l P_lᵀ``
     are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
-    The input Gram ``X Xᵀ[:, idx]`` stays in the analysis dtype. Everything runs on the device of ``x``.
+    The input Gram ``X Xᵀ[:, idx]`` stays in the analysis dtype; an :class:`InputGramCache` keeps its rows between
+    analyses of the same inputs. Everything runs on the device of ``x``.
 
     Cost per call: ``O(m·b·(f + Σ Ω_l))`` for ``b`` columns; memory ``O(m·b)`` plus ``x`` and the indicators.
     """
 
     def __init__(self, x: Tensor, layer_slopes: Sequence[Tensor], betas: Sequence[float],
-                 gammas: Sequence[float], *, bias: bool = False) -> None:
+                 gammas: Sequence[float], *, bias: bool = False,
+                 input_gram_cache: InputGramCache | None = None) -> None:
         if not len(layer_slopes) == len(betas) == len(gammas):
             raise ValueError(f"need slopes, betas and gammas per hidden layer, got {len(layer_slopes)}, "
                              f"{len(betas)} and {len(gammas)}")
@@ -241,6 +324,9 @@ class PathKernelColumns:
         self.betas, self.gammas = tuple(map(float, betas)), tuple(map(float, gammas))
         self.indicators = [(s == g).to(torch.float32) for s, g in zip(layer_slopes, self.gammas)]
         self.counts = [p.sum(1).to(self.x.dtype) for p in self.indicators]
+        self.input_gram_cache = input_gram_cache
+        if input_gram_cache is not None:
+            input_gram_cache.attach(self.x)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -265,7 +351,10 @@ class PathKernelColumns:
     def rows(self, idx) -> Tensor:
         """``K[idx, :] = K[:, idx]ᵀ``, shape ``(len(idx), m)``, on the device of ``x``."""
         idx = torch.as_tensor(idx, dtype=torch.long, device=self.x.device)
-        input_gram = self.x[idx] @ self.x.T
+        if self.input_gram_cache is None:
+            input_gram = self.x[idx] @ self.x.T
+        else:
+            input_gram = self.input_gram_cache.rows(self.x, idx)
         if self._integer_counts():
             counts = None
             for p in self.indicators:

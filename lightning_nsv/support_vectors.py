@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
 from lightning_nsv.path_space import (
+    InputGramCache,
     PathKernelColumns,
     PathNetwork,
     PathSigns,
@@ -204,6 +205,7 @@ def network_support_vectors(
     max_dense_bytes: int = 4 << 30,
     block_size: int | None = None,
     initial: Sequence[int] | np.ndarray | Tensor | None = None,
+    cache: InputGramCache | None = None,
 ) -> SupportVectorAnalysis:
     """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
@@ -225,7 +227,12 @@ def network_support_vectors(
         max_dense_bytes: largest dense kernel ``"auto"`` builds.
         block_size: rows per block of the dense kernel computation.
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
-            (a warm start); default: the ``⌊√m⌋`` smallest network margins ``y·N(x)``.
+            (a warm start); default: the support kept in ``cache`` for these inputs, else the ``⌊√m⌋`` smallest
+            network margins ``y·N(x)``.
+        cache: an :class:`~lightning_nsv.path_space.InputGramCache` to pass to every analysis of the same
+            training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
+            those of this analysis's support (``8·m·s`` bytes; up to ``8·m·s'`` during the analysis) and warm
+            starts the next one from that support. Used with kernel columns only.
 
     Raises:
         NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
@@ -263,12 +270,17 @@ def network_support_vectors(
         svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C)
     else:
-        columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias)
+        columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias,
+                                    input_gram_cache=cache)
+        if initial is None and cache is not None and len(cache):
+            initial = cache.samples.cpu().numpy()  # the previous support (the cache holds these inputs' rows)
         if initial is None:
             initial = torch.argsort(y * outputs)[: int(math.sqrt(m))].cpu().numpy()
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias)
         svm = max_margin(columns.numpy, y, kernel_diag=diag.cpu().numpy(), initial=initial)
+        if cache is not None:
+            cache.keep(svm.support_)
 
     wbar_norm = math.sqrt(path_norm_squared(net))
     y_cpu, outputs_cpu = y.cpu(), outputs.cpu().to(torch.float64)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_nsv.max_margin import NotSeparableError, max_margin
-from lightning_nsv.path_space import PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel
+from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel
 from lightning_nsv.support_vectors import NonFiniteError, network_support_vectors, signed_labels
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
@@ -49,6 +49,34 @@ def test_warm_start_from_a_previous_support_gives_the_same_solution():
     np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
     with pytest.raises(ValueError, match="`initial` must hold sample indices in \\[0, "):
         network_support_vectors(net, x, y, initial=[len(y)])
+
+
+@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
+def test_input_gram_cache_between_analyses_gives_the_cold_solution(bias, beta):
+    first = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
+    x, y = self_labelled(first, 400, seed=7)
+    second = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
+    for w in second.weights:  # "a few more epochs": a nearby network, labels still correct
+        w.add_(0.01 * torch.randn(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(1)))
+    keep = torch.sign(forward_with_slopes(second, x)[0]) == torch.where(y > 0, 1.0, -1.0)
+    x, y = x[keep], y[keep]
+    cache = InputGramCache()
+    network_support_vectors(first, x, y, cache=cache)
+    first_support = cache.samples.clone()
+    assert len(cache) > 0 and cache.nbytes == 8 * len(x) * len(cache)
+    np.testing.assert_allclose(cache.rows(x.double(), first_support).numpy(), (x[first_support] @ x.T).numpy(),
+                               rtol=1e-14, atol=1e-14)
+    misses = cache.misses
+    warm = network_support_vectors(second, x, y, cache=cache).svm
+    cold = network_support_vectors(second, x, y, kernel="dense").svm
+    np.testing.assert_array_equal(warm.support_, cold.support_)
+    np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
+    assert warm.kkt_residual <= 1e-10
+    assert cache.misses - misses < len(first_support)  # most rows came from the cache
+    np.testing.assert_array_equal(np.sort(cache.samples.numpy()), warm.support_)
+    # other inputs empty the cache instead of reusing its rows
+    shifted = x + 1e-3
+    assert not cache.attach(shifted) and len(cache) == 0
 
 
 def test_zero_one_and_signed_labels_give_identical_results():
