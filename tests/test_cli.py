@@ -96,7 +96,7 @@ def test_analyze_a_saved_checkpoint_without_training(tmp_path):
                          for v in ("version_0", "version_1"))
     assert trained.epoch == analysed.epoch
     assert torch.equal(trained.support, analysed.support)
-    torch.testing.assert_close(trained.alpha, analysed.alpha, rtol=1e-12, atol=0)
+    torch.testing.assert_close(trained.alpha, analysed.alpha, rtol=1e-9, atol=0)  # other thread counts: rounding
     scalars = EventAccumulator(str(tmp_path / "tensorboard" / "version_1")).Reload().Tags()["scalars"]
     assert "nsv/n_support" in scalars
 
