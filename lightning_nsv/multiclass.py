@@ -10,8 +10,9 @@ which is the binary dual of §2 with every label +1 on one variable per pair ``p
     Q_pq = K(x_i, x_j) · c_pq,   c_pq = <d_p, d_q> = [y_i = y_j] − [y_i = l] − [k = y_j] + [k = l],
     d_p = e_{y_i} − e_k,   q = (j, l).
 
-The pair problem is solved by :func:`~lightning_nsv.max_margin.max_margin` on kernel columns formed on demand:
-the kernel column ``K(·, x_j)`` of a sample is computed once and shared by its ``K − 1`` pairs. One-vs-rest
+The pair problem is solved exactly by :func:`~lightning_nsv.max_margin.pair_max_margin`: the kernel column
+``K(·, x_j)`` of a sample is computed once and shared by its ``K − 1`` pairs, the margins of all pairs come from
+``f = K[:, S] β`` and no column of ``Q`` is ever stored. One-vs-rest
 (``K`` binary problems on the same kernel) is the alternative protocol. Nothing here imports Lightning.
 """
 from __future__ import annotations
@@ -601,9 +602,10 @@ def multiclass_support_vectors(
     """Fit the multi-class max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
     Cost: kernel columns ``K(·, x_j)`` only for samples that enter the solver (``8·m`` bytes each, computed
-    once); ``method="exact"`` has ``m(K − 1)`` dual variables and :func:`max_margin` keeps ``8·m(K − 1)`` bytes
-    per free pair; ``"ovr"`` solves ``K`` problems of ``m`` variables. Validation needs the kernel between
-    validation samples and support samples only.
+    once); ``method="exact"`` has ``m(K − 1)`` dual variables, an ``m×s×K`` product per solver iteration and
+    ``8·|F|²`` bytes for the factor of the free pairs (m = 20,000, K = 10: about 1 min, 2.5 GiB, see
+    ``benchmarks/results/multiclass_scale.md``); ``"ovr"`` solves ``K`` problems of ``m`` variables. Validation
+    needs the kernel between validation samples and support samples only.
 
     Args:
         net: the path part at the frozen weights, ``K >= 2`` outputs.
