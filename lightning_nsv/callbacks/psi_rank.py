@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
@@ -112,9 +112,12 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     same keys. Skipped during sanity checking and ``fast_dev_run``.
 
     Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and σ_min, σ_max and the rank
-    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default its fast route (pivoted Cholesky of the Gram
-    matrix, Lanczos and an exact Rayleigh–Ritz step, checked, exact fallback; the figure shows the largest
-    and smallest singular values), with ``spectrum="full"`` a full SVD (all singular values). Above it, Ψ is never held: the R factor of a QR factorisation of Ψ (M×M, when M <= N,
+    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default a full SVD (all singular values), with
+    ``spectrum="fast"`` its route without one (pivoted Cholesky of the Gram matrix, Lanczos and an exact
+    Rayleigh–Ritz step, checked, exact fallback; the figure shows the largest and smallest singular values),
+    which measured 2.2× faster on a near-deficient 10,000×12,000 Ψ but slower than the SVD on a full-rank one
+    (``benchmarks/results/psi_rank.md``). Above the limit, Ψ is never held: the R factor of a QR factorisation
+    of Ψ (M×M, when M <= N,
     updated over batches of rows in one pass over the data) or of Ψᵀ (N×N, when M > N, updated over column
     chunks of Ψ, one pass per chunk) is accumulated in float64 and its singular values, which are Ψ's,
     are taken; only ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit are held.
@@ -145,7 +148,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: Largest Ψ (``8·N·M`` bytes) to assemble; above it the streaming QR route is taken.
         log_figure: Send the spectrum figure to the loggers (or files).
         prefix: Prefix of the logged keys and the figure tag.
-        spectrum: ``"fast"`` (σ_min, σ_max, rank without a full SVD) or ``"full"`` (all singular values).
+        spectrum: ``"full"`` (all singular values, a full SVD) or ``"fast"`` (σ_min, σ_max and the rank without
+            a full SVD; see Memory for when it pays).
 
     Raises:
         ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``, an unknown
@@ -169,7 +173,7 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: int = 2**30,
         log_figure: bool = True,
         prefix: str = "psi/",
-        spectrum: str = "fast",
+        spectrum: Literal["full", "fast"] = "full",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
         if spectrum not in SPECTRA:
