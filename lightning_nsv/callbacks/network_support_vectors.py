@@ -17,7 +17,7 @@ from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.multiclass import class_labels, multiclass_support_vectors, pair_margins
-from lightning_nsv.path_space import forward_with_slopes
+from lightning_nsv.path_space import InputGramCache, forward_with_slopes
 from lightning_nsv.support_vectors import (
     KERNEL_MODES,
     SupportVectorAnalysis,
@@ -181,6 +181,8 @@ class NetworkSupportVectors(Callback):
         self._diverged = False
         self._epoch: int | None = None
         self._previous_patterns: Tensor | None = None
+        # rows of X Xᵀ of the last support, reused by a repeated analysis (8·m·s bytes; not checkpointed)
+        self._gram_cache = InputGramCache()
 
     @property
     def state_key(self) -> str:
@@ -512,7 +514,7 @@ class NetworkSupportVectors(Callback):
             analysis = network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
                 kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None,
+                initial=self._previous_support or None, cache=self._gram_cache,
             )
         else:
             analysis = multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
