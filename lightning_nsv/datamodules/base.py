@@ -32,6 +32,12 @@ class ClassificationDataModule(pl.LightningDataModule):
     Each dataset yields ``(x, y)``: ``x`` a float32 tensor of shape :attr:`input_shape`, ``y`` an int64
     scalar in ``0..num_classes-1``. Everything is held in memory as tensors (``dataset.tensors``).
 
+    The loaders yield ``[x, y]`` batches sliced from those tensors (``DataLoader(dataset, batch_size=None,
+    sampler=EpochBatchSampler(...))``, no per-sample collation); ``loader.dataset`` is the ``TensorDataset``.
+    The training order of epoch e depends on ``(seed, e)`` only, so a resumed fit repeats the batches of an
+    uninterrupted one. Under a distributed strategy every rank takes its share of each batch order itself
+    (as ``DistributedSampler`` does); the last batch of a rank may be shorter.
+
     Attributes set by :meth:`setup`:
         train_dataset: the training subset, labels corrupted as asked.
         val_dataset: the held-out set (the official test set where the source has one).
@@ -47,8 +53,9 @@ class ClassificationDataModule(pl.LightningDataModule):
             order of the training batches.
         random_labels: Replace every training label by a uniformly random label.
         label_noise: Fraction of training labels changed to another, uniformly random label.
-        batch_size: Samples per batch of every loader.
-        num_workers: Worker processes of every loader.
+        batch_size: Samples per batch of every loader (per rank in distributed runs).
+        num_workers: Worker processes of every loader (0: batches are sliced in the main process, usually
+            the fastest for in-memory data).
         task: ``"binary"``, or ``"multiclass"`` where the module supports it (see ``tasks``).
 
     Raises:
@@ -176,8 +183,8 @@ class EpochBatchSampler(DistributedSampler):
 
     With ``shuffle`` the order of epoch e is a permutation drawn from a generator seeded with
     ``SeedSequence([seed, e])``, so a run resumed from a checkpoint at epoch k sees the batches of an
-    uninterrupted run (the Trainer calls :meth:`set_epoch` before every epoch); without ``shuffle`` the
-    order is the dataset's. Each of ``num_replicas`` ranks takes every ``num_replicas``-th index of the
+    uninterrupted run (the Trainer calls :meth:`set_epoch` before every epoch, and the data module sets the
+    restored epoch when it builds the loader); without ``shuffle`` the order is the dataset's. Each of ``num_replicas`` ranks takes every ``num_replicas``-th index of the
     order, padded with its first indices to a multiple of ``num_replicas`` (as ``DistributedSampler`` does,
     whose subclass this is so that the Trainer does not wrap it in another), then cuts its share into
     batches of ``batch_size``, the last one shorter.

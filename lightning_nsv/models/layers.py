@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence, get_args
 
 import torch
 from torch import nn
 
-ACTIVATIONS = ("leaky_relu", "relu", "abs", "linear", "sigmoid", "softplus", "tanh")
+Activation = Literal["leaky_relu", "relu", "abs", "linear", "sigmoid", "softplus", "tanh"]
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 
 
 class LeakyReLUFamily(nn.Module):
@@ -29,7 +30,7 @@ class LeakyReLUFamily(nn.Module):
         return f"beta={self.beta}, gamma={self.gamma}"
 
 
-def make_activation(name: str, beta: float = 0.1, gamma: float = 1.0) -> nn.Module:
+def make_activation(name: Activation, beta: float = 0.1, gamma: float = 1.0) -> nn.Module:
     """Activation module by name; ``beta``/``gamma`` apply to the Leaky-ReLU family only."""
     if name == "leaky_relu":
         return LeakyReLUFamily(beta, gamma)
@@ -52,7 +53,7 @@ def mlp_sequential(
     in_features: int,
     widths: Sequence[int],
     out_features: int,
-    activation: str = "leaky_relu",
+    activation: Activation = "leaky_relu",
     beta: float = 0.1,
     gamma: float = 1.0,
     bias: bool = True,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_nsv.compat import pl
-from lightning_nsv.models.layers import LeakyReLUFamily, eval_mode, mlp_sequential
+from lightning_nsv.models.layers import Activation, LeakyReLUFamily, eval_mode, mlp_sequential
 from lightning_nsv.models.metrics import StageMetrics, check_labels
 
 MODES = ("original", "skip_sgd", "skip_rand")
@@ -184,7 +184,7 @@ class SkipNetwork(pl.LightningModule):
         in_features: int,
         widths: Sequence[int],
         num_classes: int,
-        activation: str = "sigmoid",
+        activation: Activation = "sigmoid",
         num_skip_units: int = 0,
         mode: str = "skip_sgd",
         skip_seed: int = 0,
