@@ -28,22 +28,25 @@ def _trainer(tmp_path, max_epochs, **kwargs):
                       **{**QUIET, **kwargs})
 
 
-def _fit_mlp(tmp_path, max_epochs, ckpt_path=None):
+def _fit_mlp(tmp_path, max_epochs, ckpt_path=None, validate=False):
     pl.seed_everything(0, verbose=False)
     model = LeakyReLUMLP(widths=[16, 16], lr=0.05)
-    trainer = _trainer(tmp_path, max_epochs, limit_val_batches=0)
+    trainer = _trainer(tmp_path, max_epochs, limit_val_batches=1.0 if validate else 0)
     trainer.fit(model, datamodule=DigitsDataModule(m=120, batch_size=25, seed=3), ckpt_path=ckpt_path)
     return model, trainer
 
 
-def test_resumed_run_sees_the_batches_of_an_uninterrupted_run(tmp_path):
-    straight, _ = _fit_mlp(tmp_path / "straight", 5)
-    first, trainer = _fit_mlp(tmp_path / "first", 2)
-    path = tmp_path / "epoch2.ckpt"
-    trainer.save_checkpoint(path)
+@pytest.mark.parametrize("saved", ["after_fit", "at_validation_end"])
+def test_resumed_run_sees_the_batches_of_an_uninterrupted_run(tmp_path, saved):
+    validate = saved == "at_validation_end"  # ModelCheckpoint writes before the epoch counts as completed
+    straight, _ = _fit_mlp(tmp_path / "straight", 5, validate=validate)
+    first, trainer = _fit_mlp(tmp_path / "first", 2, validate=validate)
+    path = trainer.checkpoint_callback.best_model_path if validate else tmp_path / "epoch2.ckpt"
+    if not validate:
+        trainer.save_checkpoint(path)
     checkpoint = torch.load(path, weights_only=True)
-    assert checkpoint["epoch"] == 2 and "state_dict" in checkpoint
-    resumed, trainer = _fit_mlp(tmp_path / "resumed", 5, ckpt_path=str(path))
+    assert checkpoint["epoch"] == (1 if validate else 2) and "state_dict" in checkpoint
+    resumed, trainer = _fit_mlp(tmp_path / "resumed", 5, ckpt_path=str(path), validate=validate)
     assert trainer.current_epoch == 5
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name

@@ -161,8 +161,8 @@ class ClassificationDataModule(pl.LightningDataModule):
         batches = EpochBatchSampler(dataset, self.batch_size, shuffle=shuffle, seed=self.seed,
                                     num_replicas=shards.get("num_replicas", 1), rank=shards.get("rank", 0))
         if self.trainer is not None:
-            # a resumed fit draws its first batch before it calls set_epoch: start at the restored epoch
-            batches.set_epoch(self.trainer.current_epoch)
+            # a resumed fit draws its first batch before it calls set_epoch: start at the epoch it runs next
+            batches.set_epoch(_next_epoch(self.trainer))
         # batch_size=None: each index batch is one `dataset[indices]` slice, no per-sample collation;
         # the own generator keeps the loader from drawing its base seed from the global RNG
         return DataLoader(dataset, batch_size=None, sampler=batches, num_workers=self.num_workers,
@@ -176,6 +176,13 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_dataset)
+
+
+def _next_epoch(trainer: Any) -> int:
+    """The epoch that the fit loop runs next: epochs started so far (an epoch whose checkpoint was written at
+    its validation end, before it counted as completed, is not run again)."""
+    progress = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_progress", None), "current", None)
+    return int(progress.started) if progress is not None else int(trainer.current_epoch)
 
 
 class EpochBatchSampler(DistributedSampler):
