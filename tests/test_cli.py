@@ -105,3 +105,16 @@ def test_analyze_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="needs --ckpt_path"):
         main(["analyze", f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
               f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=50"])
+
+
+def test_the_multiclass_demo_config_runs_the_multiclass_analysis(tmp_path):
+    config = CONFIG.with_name("digits_mlp_multiclass.yaml")
+    main(["fit", f"--config={config}", f"--trainer.default_root_dir={tmp_path}",
+          f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=300",
+          "--trainer.enable_progress_bar=false"])
+    version = next((tmp_path / "tensorboard").glob("version_*"))
+    tags = set(EventAccumulator(str(version)).Reload().Tags()["scalars"])
+    assert {"nsv/n_support", "nsv/n_support_pairs", "nsv/n_support_class0", "nsv/n_support_class9",
+            "nsv/margin_ratio", "nsv/val_agreement"} <= tags
+    artifact = load_support_vectors(next((version / "nsv").glob("*.pt")))
+    assert artifact.alpha.shape == (300, 10) and artifact.network.num_outputs == 10

@@ -179,3 +179,12 @@ def test_choices_are_literals():
     assert typing.get_args(skip["mode"]) == ("original", "skip_sgd", "skip_rand")
     assert typing.get_args(skip["optimizer"]) == ("sgd", "adam", "lbfgs")
     assert typing.get_args(typing.get_type_hints(ClassificationDataModule.__init__)["task"]) == ("binary", "multiclass")
+
+
+def test_leaky_relu_mlp_with_k_classes_has_k_scores_and_cross_entropy():
+    model = LeakyReLUMLP(in_features=64, widths=[8], num_classes=10)
+    x, y = torch.randn(6, 1, 8, 8), torch.tensor([0, 3, 9, 2, 2, 7])
+    assert model(x).shape == (6, 10) and model.net[-1].out_features == 10
+    torch.testing.assert_close(model._loss(model(x), y), torch.nn.functional.cross_entropy(model(x), y))
+    with pytest.raises(ValueError, match="`num_classes` must be at least 2, got 1"):
+        LeakyReLUMLP(num_classes=1)

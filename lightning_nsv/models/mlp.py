@@ -1,4 +1,4 @@
-"""Leaky-ReLU-family MLP for binary classification with the logistic loss."""
+"""Leaky-ReLU-family MLP: binary (one logit, the logistic loss) or K-class (K scores, cross-entropy)."""
 from __future__ import annotations
 
 from typing import Any, Literal, Sequence
@@ -16,7 +16,7 @@ STAGES = ("train", "val", "test")
 
 
 class LeakyReLUMLP(pl.LightningModule):
-    """``f → Ω_1 → … → Ω_d → 1`` with ``rho(z) = gamma·z (z >= 0), beta·z (z < 0)``.
+    """``f → Ω_1 → … → Ω_d → 1`` (or ``→ K``) with ``rho(z) = gamma·z (z >= 0), beta·z (z < 0)``.
 
     The network is ``self.net``, an ``nn.Sequential(Flatten, Linear, act, …, Linear)``: the path part that
     :class:`~lightning_nsv.callbacks.NetworkSupportVectors` reads. Labels are integers 0/1 (checked at the
@@ -38,6 +38,8 @@ class LeakyReLUMLP(pl.LightningModule):
         lr: Learning rate.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 penalty of the optimizer.
+        num_classes: 2 for one logit (binary, labels 0/1, the logistic loss); K > 2 for K class scores (labels
+            0..K-1, cross-entropy), read by the multi-class support-vector analysis.
         init_std: If given, weights are drawn from ``N(0, init_std²)`` and biases start at 0; otherwise
             PyTorch's default initialisation.
 
@@ -71,6 +73,7 @@ class LeakyReLUMLP(pl.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         init_std: float | None = None,
+        num_classes: int = 2,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -79,15 +82,18 @@ class LeakyReLUMLP(pl.LightningModule):
             raise ValueError(f"`lr` must be positive, got {lr}")
         if init_std is not None and init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {init_std}")
+        if num_classes < 2:
+            raise ValueError(f"`num_classes` must be at least 2, got {num_classes}")
         self.save_hyperparameters()
-        self.net = mlp_sequential(in_features, list(widths), 1, "leaky_relu", beta, gamma, bias)
+        outputs = 1 if num_classes == 2 else num_classes
+        self.net = mlp_sequential(in_features, list(widths), outputs, "leaky_relu", beta, gamma, bias)
         if init_std is not None:
             for layer in self.net:
                 if isinstance(layer, torch.nn.Linear):
                     torch.nn.init.normal_(layer.weight, std=init_std)
                     if layer.bias is not None:
                         torch.nn.init.zeros_(layer.bias)
-        self._build_metrics(1)
+        self._build_metrics(outputs)
 
     def _build_metrics(self, num_outputs: int) -> None:
         self.num_outputs = num_outputs
