@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
 from lightning_nsv.path_space import (
@@ -696,7 +697,8 @@ def _validation(net, x_train, slopes_train, svm, x_val, y_val, block_size) -> di
     net_pred, svm_pred = val_outputs.argmax(1), decision.argmax(1)
     result = {
         "unique_patterns_val": unique_patterns(slopes_val, gammas=net.gammas),
-        "val_agreement": float((svm_pred == net_pred).to(torch.float64).mean()) if len(net_pred) else float("nan"),
+        "val_agreement": float(multiclass_accuracy(svm_pred, net_pred, num_classes=net.num_outputs, average="micro"))
+        if len(net_pred) else float("nan"),
         "val_predictions": (net_pred, svm_pred),
     }
     if y_val is not None:

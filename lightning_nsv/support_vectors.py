@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from torchmetrics.functional.classification import binary_accuracy
 
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
 from lightning_nsv.path_space import (
@@ -386,7 +387,8 @@ def _validation(net, x_train, slopes_train, y, svm, x_val, y_val, block_size) ->
     net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to("cpu", torch.float64)
     result = {
         "unique_patterns_val": unique_patterns(slopes_val, gammas=net.gammas),
-        "val_agreement": float((svm_pred == net_pred).to(torch.float64).mean()) if len(net_pred) else float("nan"),
+        "val_agreement": float(binary_accuracy((svm_pred > 0).long(), (net_pred > 0).long()))
+        if len(net_pred) else float("nan"),
         "val_predictions": (net_pred, svm_pred),
     }
     if y_val is not None:

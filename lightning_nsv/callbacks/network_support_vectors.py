@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+from torchmetrics.aggregation import SumMetric
 
 from lightning_nsv.artifacts import class_path, plain, save_support_vectors
 from lightning_nsv.callbacks.sinks import FigureSink
@@ -231,7 +232,7 @@ class NetworkSupportVectors(Callback):
         with eval_mode(pl_module), torch.no_grad():
             wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
                                      pl_module, stop_early=False))
-        wrong = int(trainer.strategy.reduce(torch.tensor(float(wrong)), reduce_op="sum"))
+        wrong = _sum_over_ranks(wrong)
         epochs = trainer.current_epoch
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
@@ -378,7 +379,7 @@ class NetworkSupportVectors(Callback):
             with eval_mode(pl_module), torch.no_grad():
                 wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
                                          pl_module, stop_early=False))
-            wrong = int(trainer.strategy.reduce(torch.tensor(float(wrong)), reduce_op="sum"))
+            wrong = _sum_over_ranks(wrong)
             rank_zero_warn(
                 f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
                 "samples, so there are no network support vectors; analyse a checkpoint taken at zero training error"
@@ -653,6 +654,13 @@ def _head_forward(path: PathPart, x: Tensor) -> Tensor:
 
 _DIVERGED = ("the network has diverged (lower the learning rate, clip gradients or check the loss), or the data hold "
              "NaN/inf")
+
+
+def _sum_over_ranks(count: int) -> int:
+    """A count summed over the DDP ranks (each checks its shard), through torchmetrics' synchronised sum."""
+    total = SumMetric()
+    total.update(float(count))
+    return int(total.compute())
 
 
 def _trains_on_part(trainer: pl.Trainer) -> bool:
