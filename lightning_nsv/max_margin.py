@@ -13,10 +13,12 @@ Both normalise the kernel by its mean diagonal ``c`` first; α and ``C`` are rep
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import scipy.linalg
@@ -25,7 +27,7 @@ import torch
 
 from lightning_nsv.threads import single_threaded_blas
 
-__all__ = ["MaxMarginResult", "NotSeparableError", "max_margin", "pair_max_margin"]
+__all__ = ["MaxMarginResult", "NotSeparableError", "max_margin", "pair_max_margin", "solver_progress"]
 
 KernelColumns = Callable[[np.ndarray], np.ndarray]
 LIBSVM_TOL = 1e-5
@@ -490,8 +492,24 @@ def _finite_columns(cols) -> np.ndarray:
     return cols
 
 
+_PROGRESS: contextvars.ContextVar[Callable[[int, int, float], None] | None] = contextvars.ContextVar(
+    "max_margin_progress", default=None)
+
+
+@contextlib.contextmanager
+def solver_progress(report: Callable[[int, int, float], None]) -> Iterator[None]:
+    """Call ``report(iteration, free_set_size, largest_violation)`` after every active-set iteration run inside
+    the ``with`` block (for progress bars; the solver's result does not depend on it)."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult:
     m = y.shape[0]
+    report = _PROGRESS.get()
     free = _FreeSet(store)
     alpha = np.zeros(0)
     gradient = -np.ones(m)
@@ -529,6 +547,8 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
         if len(free) <= size_before:
             batch = max(1, batch // 2)
         gradient = free.q_times(alpha) - 1.0
+        if report is not None:
+            report(iteration, len(free), float(np.max(-gradient, initial=0.0)))
     else:
         warnings.warn(
             f"active-set solver stopped after max_iter={max_iter} iterations with "

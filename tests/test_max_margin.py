@@ -132,3 +132,19 @@ def test_input_validation_messages():
     zero[0, :] = zero[:, 0] = 0
     with pytest.raises(ValueError, match="kernel diagonal must be finite and positive"):
         max_margin(zero, y)
+
+
+def test_solver_progress_reports_every_iteration_and_changes_nothing():
+    from lightning_nsv.max_margin import solver_progress
+
+    g = np.random.default_rng(3)
+    x = g.normal(size=(60, 5))
+    y = np.sign(x @ g.normal(size=5))
+    kernel = x @ x.T + 1.0
+    seen = []
+    with solver_progress(lambda iteration, free, violation: seen.append((iteration, free, violation))):
+        reported = max_margin(kernel, y)
+    plain = max_margin(kernel, y)
+    assert [s[0] for s in seen] == list(range(1, len(seen) + 1)) and len(seen) >= 1
+    assert seen[-1][1] >= reported.n_support_ and seen[-1][2] <= 1e-9
+    np.testing.assert_array_equal(reported.alpha_, plain.alpha_)

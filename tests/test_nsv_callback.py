@@ -379,3 +379,17 @@ def test_a_ten_class_head_gets_the_multiclass_analysis(tmp_path):
     artifact = load_support_vectors(next((Path(run.logger.log_dir) / "nsv").glob("*.pt")))
     assert artifact.alpha.shape == (300, 10) and artifact.network.num_outputs == 10
     assert set(scalars(Path(run.logger.log_dir))) >= {"nsv/n_support_class3", "nsv/cosine_wbar_v"}
+
+
+def test_the_solver_bar_shows_only_where_the_trainer_shows_one(capsys):
+    from lightning_nsv.callbacks.network_support_vectors import _SolverBar
+
+    hidden = _SolverBar(enabled=False, after=0.0)
+    hidden(1, 3, 0.5)
+    assert hidden.bar is None
+    shown = _SolverBar(enabled=True, after=0.0)
+    for iteration in (1, 2, 5):
+        shown(iteration, 4, 1e-3)
+    assert shown.bar is not None and shown.bar.n == 5
+    shown.close()
+    assert "max-margin solver" in capsys.readouterr().err

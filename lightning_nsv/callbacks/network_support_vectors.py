@@ -15,6 +15,7 @@ from lightning_nsv.artifacts import class_path, plain, save_support_vectors
 from lightning_nsv.callbacks.sinks import FigureSink
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
+from lightning_nsv.max_margin import solver_progress
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.multiclass import class_labels, multiclass_support_vectors, pair_margins
@@ -511,15 +512,13 @@ class NetworkSupportVectors(Callback):
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
-        if net.num_outputs == 1:
-            analysis = network_support_vectors(
-                net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
-                kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None, cache=self._gram_cache,
-            )
-        else:
-            analysis = multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
-                                                  delta=self.delta)
+        bar = trainer.progress_bar_callback
+        progress = _SolverBar(enabled=bar is not None and getattr(bar, "is_enabled", False))
+        try:
+            with solver_progress(progress):
+                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val)
+        finally:
+            progress.close()
         self.analysis = analysis
         self._say(trainer, f"NetworkSupportVectors: analysis done in {time.perf_counter() - started:.1f} s\n"
                            + analysis.report())
@@ -527,8 +526,9 @@ class NetworkSupportVectors(Callback):
         self._save(trainer, pl_module, directory, analysis, y_train, net)
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis), step)
-        _register_hparams(trainer, pl_module, analysis.to_metrics())
         metrics = analysis.to_metrics()
+        _register_hparams(trainer, pl_module, metrics)
+        metrics = dict(metrics)
         changed = self._patterns_changed(net, x_train)
         if changed is not None:
             metrics["patterns_changed"] = float(changed)
@@ -555,6 +555,16 @@ class NetworkSupportVectors(Callback):
         if previous is None or previous.shape != packed.shape:
             return None
         return int((previous != packed).any(1).sum())
+
+    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val):
+        if net.num_outputs == 1:
+            return network_support_vectors(
+                net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
+                kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
+                initial=self._previous_support or None, cache=self._gram_cache,
+            )
+        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
+                                          delta=self.delta)
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
@@ -654,6 +664,28 @@ def _head_forward(path: PathPart, x: Tensor) -> Tensor:
 
 _DIVERGED = ("the network has diverged (lower the learning rate, clip gradients or check the loss), or the data hold "
              "NaN/inf")
+
+
+class _SolverBar:
+    """A tqdm bar over the solver's iterations, shown once the analysis has run for ``after`` seconds and only
+    where the Trainer shows a progress bar."""
+
+    def __init__(self, enabled: bool, after: float = 2.0) -> None:
+        self.enabled, self.after, self.started, self.bar = enabled, after, time.perf_counter(), None
+
+    def __call__(self, iteration: int, free: int, violation: float) -> None:
+        if not self.enabled or time.perf_counter() - self.started < self.after:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(desc="max-margin solver", unit=" it", leave=False, dynamic_ncols=True)
+        self.bar.update(iteration - self.bar.n)
+        self.bar.set_postfix(free=free, violation=f"{violation:.1e}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _sum_over_ranks(count: int) -> int:
