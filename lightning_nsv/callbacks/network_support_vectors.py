@@ -527,8 +527,8 @@ class NetworkSupportVectors(Callback):
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis), step)
         metrics = analysis.to_metrics()
-        _register_hparams(trainer, pl_module, metrics)
-        metrics = dict(metrics)
+        if not self.history:  # one HParams session per run: the first analysis registers the metrics
+            _register_hparams(trainer, pl_module, metrics)
         changed = self._patterns_changed(net, x_train)
         if changed is not None:
             metrics["patterns_changed"] = float(changed)
