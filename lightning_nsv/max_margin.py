@@ -557,6 +557,8 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
         )
     alpha_full = np.zeros(m)
     alpha_full[free.index] = alpha
+    # a member on the margin whose optimal α is 0 can keep an α of rounding size: it is no support vector
+    alpha_full[alpha_full <= ROUNDING_ALPHA * alpha_full.max(initial=0.0)] = 0.0
     margins = gradient + 1.0
     kkt = max(float(np.max(np.clip(-gradient, 0, None))), float(np.max(np.abs(gradient[free.index]), initial=0)))
     if kkt > max(tol, 1e-10):
@@ -569,6 +571,7 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
 
 
+ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 
 

@@ -410,12 +410,10 @@ def test_zero_one_labels_give_the_same_analysis_as_signed_labels(case, kernel_mo
 
 # --------------------------------------------------------------------------------------------- regressions
 
-@pytest.mark.xfail(strict=True, reason="a sample exactly on the margin whose optimal α is 0 stays in the free set "
-                   "with α = 2.2e-16 (rounding) and is reported in support_ (inflating n_support and the bound)")
 def test_degenerate_margin_sample_is_not_a_support_vector():
     # Found by test_solver_matches_exhaustive_search (grid inputs, depth 0). K is positive definite, so α is
     # unique: α = (4/15, 0, 0, 8/15); sample 2 lies exactly on the margin (y f = 1) with α_2 = 0.
     x = np.array([[0.5, 1, 1, 0], [1, 1, 1, -1], [0.5, 1, 0, -1], [0.5, 1, -0.5, 0]])
     result = max_margin(x @ x.T, np.ones(4))
     np.testing.assert_allclose(result.alpha_, [4 / 15, 0, 0, 8 / 15], rtol=1e-12, atol=1e-12)
-    assert result.support_.tolist() == [0, 3]  # the solver reports [0, 2, 3], alpha_[2] = 2.2e-16
+    assert result.support_.tolist() == [0, 3]  # it reported [0, 2, 3] with alpha_[2] = 2.2e-16 (rounding)
