@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
 from lightning_nsv.compat import Callback, pl
 from lightning_nsv.datamodules import (
     BinaryMNISTDataModule,
@@ -153,7 +154,7 @@ def test_multiclass_models_refuse_labels_out_of_range(tmp_path):
 
 
 CLASSES = [LeakyReLUMLP, ConvFCNet, SkipNetwork, DigitsDataModule, BinaryMNISTDataModule, CIFAR10FrogsShipsDataModule,
-           Toy2DDataModule, QuadrantDataModule]
+           Toy2DDataModule, QuadrantDataModule, NetworkSupportVectors, PsiRankMonitor, LossValleyMonitor]
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

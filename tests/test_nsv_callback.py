@@ -108,7 +108,7 @@ def test_tensorboard_has_metrics_and_figures(fitted):
     assert logged["nsv/zero_error_epoch"] == [callback.zero_error_epoch]
     events = EventAccumulator(run.logger.log_dir, size_guidance={"images": 0, "histograms": 0}).Reload()
     assert {"nsv/support_vectors", "nsv/alpha_histogram"} <= set(events.Tags()["images"])
-    assert "nsv/alpha" in events.Tags()["histograms"]
+    assert "nsv/log10_alpha" in events.Tags()["histograms"]
 
 
 def test_saved_results_reproduce_the_support_vectors(fitted):

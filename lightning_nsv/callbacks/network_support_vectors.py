@@ -107,7 +107,7 @@ class NetworkSupportVectors(Callback):
         whose activation pattern changed since the last analysis) and the figure ``nsv/max_margin_approach``
         (cosine and margin ratio against log epoch). For K-class heads also ``n_support_class<k>``. The same metrics are registered in TensorBoard's HParams tab, and the report goes to its
         Text tab (``nsv/report``). Figures (TensorBoard, a logger with ``log_image``, else PNG files under
-        ``<save_dir>/figures``): ``nsv/support_vectors`` (image data), ``nsv/alpha`` (histogram),
+        ``<save_dir>/figures``): ``nsv/support_vectors`` (image data), ``nsv/log10_alpha`` (histogram of log10 α),
         ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
         ``nsv/path_weights`` (networks of at most 400 weights, coloured by sign).
         When a fit ends at ``max_epochs`` without zero training error, ``nsv/zero_error_reached`` = 0 is written
@@ -618,7 +618,7 @@ class NetworkSupportVectors(Callback):
         per_sample = analysis.svm.alpha_.reshape(len(analysis.svm.alpha_), -1).sum(1)  # Σ_k α_(i,k) multi-class
         alpha = per_sample[support]
         step = trainer.global_step
-        sink.histogram("nsv/alpha", alpha, step)
+        sink.histogram("nsv/log10_alpha", np.log10(alpha[alpha > 0]), step)  # α spans decades: a log axis
         sink.figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], step)
         order = support[alpha.argsort()[::-1][: self.max_images]]
         if not len(order):
