@@ -35,7 +35,7 @@ from lightning_nsv.path_space import (
     path_kernel_diagonal,
     unique_patterns,
 )
-from lightning_nsv.support_vectors import compression_bound
+from lightning_nsv.support_vectors import compression_bound, validation_metrics
 
 __all__ = [
     "MulticlassMaxMarginResult",
@@ -525,14 +525,7 @@ class MulticlassSupportVectorAnalysis:
         }
         for name, values in per_class.items():
             metrics.update({f"{name}_class{k}": float(v) for k, v in enumerate(values or ())})
-        optional = {
-            "unique_patterns_val": self.unique_patterns_val,
-            "val_agreement": self.val_agreement,
-            "val_errors_network": self.val_errors_network,
-            "val_errors_svm": self.val_errors_svm,
-            "val_errors_both": self.val_errors_both,
-        }
-        metrics.update({k: float(v) for k, v in optional.items() if v is not None})
+        metrics.update(validation_metrics(self))
         return metrics
 
     def report(self) -> str:

@@ -161,14 +161,7 @@ class SupportVectorAnalysis:
             "compression_bound": self.bound,
             **self.signs.to_metrics(),
         }
-        optional = {
-            "unique_patterns_val": self.unique_patterns_val,
-            "val_agreement": self.val_agreement,
-            "val_errors_network": self.val_errors_network,
-            "val_errors_svm": self.val_errors_svm,
-            "val_errors_both": self.val_errors_both,
-        }
-        metrics.update({k: float(v) for k, v in optional.items() if v is not None})
+        metrics.update(validation_metrics(self))
         return metrics
 
     def report(self) -> str:
@@ -190,6 +183,15 @@ class SupportVectorAnalysis:
             f"compression bound (delta={self.delta}, {self.n_hidden} bits per support vector): {self.bound:.4g}"
         )
         return "\n".join(lines)
+
+
+VALIDATION_KEYS = ("unique_patterns_val", "val_agreement", "val_errors_network", "val_errors_svm", "val_errors_both")
+
+
+def validation_metrics(analysis) -> dict[str, float]:
+    """The validation numbers of a binary or multi-class analysis that were computed (``None`` ones left out)."""
+    values = {key: getattr(analysis, key) for key in VALIDATION_KEYS}
+    return {key: float(value) for key, value in values.items() if value is not None}
 
 
 def network_support_vectors(

@@ -191,16 +191,22 @@ def test_max_dense_bytes_must_be_positive(value):
         NetworkSupportVectors(max_dense_bytes=value)
 
 
+class Planar(Classifier):
+    """A 2-8-1 ReLU classifier of 2-D points: its analysis has every figure (boundaries, path weights)."""
+
+    def __init__(self):
+        super().__init__(lr=0.5)
+        self.model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def _planar_data():
+    x = torch.randn(40, 2, generator=torch.Generator().manual_seed(1))
+    return x, (x[:, 0] + 0.3 * x[:, 1] > 0).long()
+
+
 def test_without_a_logger_figures_and_results_go_to_files(tmp_path, caplog):
     pl.seed_everything(0)
-    x = torch.randn(40, 2, generator=torch.Generator().manual_seed(1))
-    y = (x[:, 0] + 0.3 * x[:, 1] > 0).long()
-
-    class Planar(Classifier):
-        def __init__(self):
-            super().__init__(lr=0.5)
-            self.model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
-
+    x, y = _planar_data()
     callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"))
     with caplog.at_level(logging.INFO, logger=f"{PACKAGE}.utilities.rank_zero"):
         logging.getLogger(f"{PACKAGE}.utilities.rank_zero").addHandler(caplog.handler)
@@ -214,14 +220,7 @@ def test_without_a_logger_figures_and_results_go_to_files(tmp_path, caplog):
 
 def test_a_csv_logger_gets_figures_as_files(tmp_path):
     pl.seed_everything(0)
-    x = torch.randn(40, 2, generator=torch.Generator().manual_seed(1))
-    y = (x[:, 0] + 0.3 * x[:, 1] > 0).long()
-
-    class Planar(Classifier):
-        def __init__(self):
-            super().__init__(lr=0.5)
-            self.model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
-
+    x, y = _planar_data()
     logger = pl.loggers.CSVLogger(tmp_path, name="csv")
     callback = NetworkSupportVectors()
     _fit(tmp_path, Planar(), x, y, callback=callback, max_epochs=300, batch_size=40, logger=logger)
