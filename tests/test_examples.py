@@ -179,3 +179,25 @@ def test_screenshot_tool_serves_on_localhost_only():
     assert command[command.index("--port") + 1] == str(port) and 1024 <= port < 65536
     with pytest.raises(ValueError, match="tabs can be"):
         tool.take_screenshots("runs", "out", tabs=["graphs"])
+
+
+def test_max_margin_approach_quick(examples, tmp_path):
+    """Both tasks train past zero training error, one CSV row per analysis, the figure and the fits."""
+    result = examples("max_margin_approach").main(["--quick", "--out", str(tmp_path)])
+    columns = {"epoch", "margin_ratio", "cosine_wbar_v", "n_support", "support_jaccard_previous",
+               "patterns_changed", "train_loss"}
+    for task in ("binary", "multiclass"):
+        rows = read_csv(tmp_path / f"max_margin_approach_{task}.csv")
+        assert rows, f"--quick {task} should reach zero training error and analyse"
+        assert columns <= set(rows[0])
+        assert [row["epoch"] for row in rows] == sorted(row["epoch"] for row in rows)
+        assert all(0 < row["margin_ratio"] <= 1 + 1e-9 and -1 <= row["cosine_wbar_v"] <= 1 for row in rows)
+        assert all(row["train_loss"] is not None and row["train_loss"] >= 0 for row in rows)
+        if len(rows) > 1:
+            assert rows[1]["patterns_changed"] is not None and 0 <= rows[1]["support_jaccard_previous"] <= 1
+    assert len(result["fits"]) == 4 and {row["task"] for row in read_csv(tmp_path / "max_margin_approach_fit.csv")} \
+        == {"binary", "multiclass"}
+    for suffix in (".png", ".pdf"):
+        assert (tmp_path / f"max_margin_approach{suffix}").stat().st_size > 0
+    assert list((tmp_path / "tensorboard" / "summary").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "tensorboard" / "multiclass").glob("events.out.tfevents.*"))
