@@ -187,5 +187,6 @@ def test_leaky_relu_mlp_with_k_classes_has_k_scores_and_cross_entropy():
     x, y = torch.randn(6, 1, 8, 8), torch.tensor([0, 3, 9, 2, 2, 7])
     assert model(x).shape == (6, 10) and model.net[-1].out_features == 10
     torch.testing.assert_close(model._loss(model(x), y), torch.nn.functional.cross_entropy(model(x), y))
-    with pytest.raises(ValueError, match="`num_classes` must be at least 2, got 1"):
-        LeakyReLUMLP(num_classes=1)
+    assert LeakyReLUMLP(in_features=64, widths=[8]).net[-1].out_features == 1  # binary: one logit
+    with pytest.raises(ValueError, match="`num_classes` must be a positive integer, got 0"):
+        LeakyReLUMLP(num_classes=0)

@@ -38,8 +38,8 @@ class LeakyReLUMLP(pl.LightningModule):
         lr: Learning rate.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 penalty of the optimizer.
-        num_classes: 2 for one logit (binary, labels 0/1, the logistic loss); K > 2 for K class scores (labels
-            0..K-1, cross-entropy), read by the multi-class support-vector analysis.
+        num_classes: Outputs, as in ConvFCNet: 1 for the binary logit (labels 0/1, the logistic loss), K >= 2 for
+            K class scores (labels 0..K-1, cross-entropy), read by the multi-class support-vector analysis.
         init_std: If given, weights are drawn from ``N(0, init_std²)`` and biases start at 0; otherwise
             PyTorch's default initialisation.
 
@@ -73,7 +73,7 @@ class LeakyReLUMLP(pl.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         init_std: float | None = None,
-        num_classes: int = 2,
+        num_classes: int = 1,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -82,18 +82,17 @@ class LeakyReLUMLP(pl.LightningModule):
             raise ValueError(f"`lr` must be positive, got {lr}")
         if init_std is not None and init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {init_std}")
-        if num_classes < 2:
-            raise ValueError(f"`num_classes` must be at least 2, got {num_classes}")
+        if num_classes < 1:
+            raise ValueError(f"`num_classes` must be a positive integer, got {num_classes}")
         self.save_hyperparameters()
-        outputs = 1 if num_classes == 2 else num_classes
-        self.net = mlp_sequential(in_features, list(widths), outputs, "leaky_relu", beta, gamma, bias)
+        self.net = mlp_sequential(in_features, list(widths), num_classes, "leaky_relu", beta, gamma, bias)
         if init_std is not None:
             for layer in self.net:
                 if isinstance(layer, torch.nn.Linear):
                     torch.nn.init.normal_(layer.weight, std=init_std)
                     if layer.bias is not None:
                         torch.nn.init.zeros_(layer.bias)
-        self._build_metrics(outputs)
+        self._build_metrics(num_classes)
 
     def _build_metrics(self, num_outputs: int) -> None:
         self.num_outputs = num_outputs
