@@ -523,9 +523,15 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
     for iteration in range(1, max_iter + 1):
         in_free = np.zeros(m, dtype=bool)
         in_free[free.index] = True
-        if pending is not None and len(pending):
-            candidates, pending = pending[~in_free[pending]], None
-        else:
+        candidates = pending[:0] if pending is not None else np.zeros(0, dtype=np.int64)
+        if pending is not None:
+            # `initial` first, in blocks of `batch`, most violated first: members of a previous support that
+            # the blocks before made redundant are never fetched
+            pending = pending[~in_free[pending] & (-gradient[pending] > tol)]
+            order = np.argsort(gradient[pending], kind="stable")
+            candidates, pending = pending[order[:batch]], pending[order[batch:]]
+            pending = pending if len(pending) else None
+        if not len(candidates):
             violation = np.where(in_free, 0.0, -gradient)
             order = np.argpartition(-violation, min(batch, m - 1))[:batch]
             order = order[np.argsort(-violation[order])]
