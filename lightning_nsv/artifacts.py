@@ -245,8 +245,8 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
 
     def embedded(dataset):
         with eval_mode(module), torch.no_grad():
-            parts = [(path.embed(dataset[i:i + batch_size][0]), dataset[i:i + batch_size][1])
-                     for i in range(0, len(dataset), batch_size)]
+            batches = (dataset[i:i + batch_size] for i in range(0, len(dataset), batch_size))
+            parts = [(path.embed(x), y) for x, y in batches]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     x_train, y_train = embedded(datamodule.train_dataset)

@@ -194,6 +194,11 @@ def validation_metrics(analysis) -> dict[str, float]:
     return {key: float(value) for key, value in values.items() if value is not None}
 
 
+def uses_dense_kernel(kernel: str, intercept: bool) -> bool:
+    """Whether :func:`network_support_vectors` builds the dense ``m×m`` kernel (else columns on demand)."""
+    return intercept or kernel == "dense"
+
+
 def network_support_vectors(
     net: PathNetwork,
     x_train: Tensor,
@@ -267,8 +272,7 @@ def network_support_vectors(
     bias = net.biases is not None
     m = len(y)
     dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
-    dense = intercept or kernel == "dense"
-    if dense:
+    if uses_dense_kernel(kernel, intercept):
         _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept)
         svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C)

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.aggregation import SumMetric
 
 from lightning_nsv.artifacts import class_path, plain, save_support_vectors
-from lightning_nsv.callbacks.sinks import FigureSink
+from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
 from lightning_nsv.max_margin import solver_progress
@@ -25,6 +25,7 @@ from lightning_nsv.support_vectors import (
     SupportVectorAnalysis,
     network_support_vectors,
     signed_labels,
+    uses_dense_kernel,
 )
 
 __all__ = ["NetworkSupportVectors"]
@@ -230,10 +231,7 @@ class NetworkSupportVectors(Callback):
         if self.zero_error_epoch is not None or trainer.fast_dev_run:
             return
         dataset = self._train_dataset(trainer)
-        with eval_mode(pl_module), torch.no_grad():
-            wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
-                                     pl_module, stop_early=False))
-        wrong = _sum_over_ranks(wrong)
+        wrong = self._count_errors(trainer, dataset, pl_module)
         epochs = trainer.current_epoch
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
@@ -300,11 +298,10 @@ class NetworkSupportVectors(Callback):
         non_finite = _first_non_finite_parameter(pl_module)
         if non_finite is not None:
             raise ValueError(f"NetworkSupportVectors: {non_finite} before training: {_DIVERGED}")
-        flat = x.reshape(len(x), -1)
-        bad = (~torch.isfinite(flat)).any(1).nonzero().flatten()
-        if len(bad):
+        row = _first_non_finite_row(x)
+        if row is not None:
             raise ValueError(
-                f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {int(bad[0])} of the "
+                f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {row} of the "
                 "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
             )
         with eval_mode(pl_module), torch.no_grad():
@@ -377,15 +374,19 @@ class NetworkSupportVectors(Callback):
             self._epoch = None
         if not reached:
             dataset = self._train_dataset(trainer)
-            with eval_mode(pl_module), torch.no_grad():
-                wrong = len(self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(),
-                                         pl_module, stop_early=False))
-            wrong = _sum_over_ranks(wrong)
+            wrong = self._count_errors(trainer, dataset, pl_module)
             rank_zero_warn(
                 f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
                 "samples, so there are no network support vectors; analyse a checkpoint taken at zero training error"
             )
         return reached
+
+    def _count_errors(self, trainer: pl.Trainer, dataset: Dataset, pl_module) -> int:
+        """Misclassified training samples, each rank counting its shard, summed over the ranks."""
+        with eval_mode(pl_module), torch.no_grad():
+            wrong = self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(), pl_module,
+                                 stop_early=False)
+        return _sum_over_ranks(len(wrong))
 
     def _current_epoch(self, trainer: pl.Trainer) -> int:
         return trainer.current_epoch if self._epoch is None else self._epoch
@@ -449,7 +450,7 @@ class NetworkSupportVectors(Callback):
         return wrong
 
     def _explain_non_finite(self, x: Tensor, outputs: Tensor, chunk: list[int], pl_module) -> None:
-        row = int((~torch.isfinite(outputs.reshape(len(outputs), -1)).all(1)).nonzero()[0])
+        row = _first_non_finite_row(outputs)
         parameter = _first_non_finite_parameter(pl_module)
         if parameter is not None:
             self._warn_diverged(parameter)
@@ -506,8 +507,7 @@ class NetworkSupportVectors(Callback):
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
         m = len(y_train)
-        dense = self.intercept or self.kernel == "dense"
-        how = "dense path kernel" if dense else "path kernel columns of candidate support vectors"
+        how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
         epoch = self._current_epoch(trainer)
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
@@ -574,8 +574,7 @@ class NetworkSupportVectors(Callback):
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _output_dir(self, trainer: pl.Trainer) -> Path:
-        root = self.save_dir or (trainer.log_dir if trainer.log_dir else trainer.default_root_dir)
-        return Path(root) / ("" if self.save_dir else "nsv")
+        return Path(self.save_dir) if self.save_dir else log_directory(trainer) / "nsv"
 
     def _save(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor,
               net) -> Path:
@@ -719,7 +718,12 @@ def _first_non_finite_sample(dataset: Dataset | None) -> int | None:
     tensors = getattr(dataset, "tensors", None)
     if not tensors or not tensors[0].is_floating_point():
         return None
-    bad = (~torch.isfinite(tensors[0].reshape(len(tensors[0]), -1))).any(1).nonzero()
+    return _first_non_finite_row(tensors[0])
+
+
+def _first_non_finite_row(values: Tensor) -> int | None:
+    """Index of the first sample (row) of ``values`` with a NaN/inf entry."""
+    bad = (~torch.isfinite(values.reshape(len(values), -1))).any(1).nonzero()
     return int(bad[0]) if len(bad) else None
 
 

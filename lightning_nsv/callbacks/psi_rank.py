@@ -1,13 +1,12 @@
 """Rank of Ψ, the skip units' outputs on the training set, during training."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_nsv.callbacks.sinks import FigureSink
+from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.psi import SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
@@ -32,11 +31,6 @@ def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -
         )
     # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
     return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
-
-
-def figure_directory(trainer: pl.Trainer) -> Path:
-    """``<log_dir>/figures``; ``Trainer.log_dir`` is a collective, so every rank asks for it."""
-    return Path(trainer.log_dir or trainer.default_root_dir) / "figures"
 
 
 class _SkipNetworkMonitor(Callback):
@@ -81,7 +75,7 @@ class _SkipNetworkMonitor(Callback):
         raise NotImplementedError
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
-        directory = figure_directory(trainer)
+        directory = log_directory(trainer) / "figures"  # a collective: every rank asks
         results = self._compute(trainer, pl_module) if trainer.is_global_zero else None
         metrics = None if results is None else {k: v for r in results.values() for k, v in r.to_metrics().items()}
         metrics = trainer.strategy.broadcast(metrics, src=0)

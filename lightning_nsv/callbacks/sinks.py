@@ -20,7 +20,13 @@ import numpy as np
 from lightning_nsv.atomic import save_figure, write_text
 from lightning_nsv.compat import rank_zero_info
 
-__all__ = ["FigureSink"]
+__all__ = ["FigureSink", "log_directory"]
+
+
+def log_directory(trainer: Any) -> Path:
+    """``trainer.log_dir``, or ``default_root_dir`` without a logger. ``Trainer.log_dir`` is a collective under
+    DDP: every rank must ask for it."""
+    return Path(trainer.log_dir or trainer.default_root_dir)
 
 
 def _file_stem(tag: str, step: int) -> str:
