@@ -46,10 +46,7 @@ class _AnalyzeOnValidation(pl.Callback):
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for callback in self.callbacks:
-            if isinstance(callback, NetworkSupportVectors):
-                callback.analyze_now(trainer, pl_module, epoch=self.epoch)
-            else:
-                callback._run(trainer, pl_module)
+            callback.analyze_now(trainer, pl_module, epoch=self.epoch)
 
 
 class AnalysisTrainer(pl.Trainer):

@@ -53,6 +53,11 @@ def test_skip_network_config_trains_with_the_valley_callbacks(tmp_path):
     assert expected <= tags, sorted(tags)
     values = EventAccumulator(str(version)).Reload()
     assert [e.value for e in values.Scalars("psi/num_samples")][-1] == 60
+    # the same monitors once more on the trained checkpoint, without training
+    checkpoint = next((version / "checkpoints").glob("*.ckpt"))
+    main(["analyze", "--config", str(small), f"--ckpt_path={checkpoint}"])
+    analysed = tmp_path / "tensorboard" / "version_1"
+    assert {"psi/rank", "valley/lemma21_certified"} <= set(EventAccumulator(str(analysed)).Reload().Tags()["scalars"])
     assert [e.value for e in values.Scalars("psi/num_units")][-1] == 64 + 60
 
 

@@ -22,15 +22,19 @@ def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> 
 
 
 def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -> DataLoader:
-    """A non-shuffled loader over the whole training set (all ranks' samples)."""
-    loader = trainer.train_dataloader
-    if not isinstance(loader, DataLoader):
-        raise RuntimeError(
-            f"{type(callback).__name__} needs the training set as one DataLoader (or a datamodule's "
-            f"train_dataloader), got {type(loader).__name__}"
-        )
+    """A non-shuffled loader over the whole training set (all ranks' samples): the datamodule's
+    ``train_dataset``, else the dataset of the training DataLoader (outside ``fit`` only the former exists)."""
+    dataset = getattr(trainer.datamodule, "train_dataset", None) if trainer.datamodule is not None else None
+    if dataset is None:
+        loader = trainer.train_dataloader
+        if not isinstance(loader, DataLoader):
+            raise RuntimeError(
+                f"{type(callback).__name__} needs the training set as one DataLoader (or a datamodule with a "
+                f"`train_dataset`), got {type(loader).__name__}"
+            )
+        dataset = loader.dataset
     # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
-    return DataLoader(loader.dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
 
 
 class _SkipNetworkMonitor(Callback):
@@ -73,6 +77,12 @@ class _SkipNetworkMonitor(Callback):
     def _summary(self) -> list[str]:
         """Lines of the end-of-fit summary, from :attr:`last_metrics` (so also after a resume)."""
         raise NotImplementedError
+
+    def analyze_now(self, trainer: pl.Trainer, pl_module: SkipNetwork, epoch: int) -> None:
+        """Run once outside the schedule (``lightning-nsv analyze``), with the checks of the start of training
+        first; ``epoch`` is the checkpoint's."""
+        self.on_train_start(trainer, pl_module)
+        self._run(trainer, pl_module)
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
         directory = log_directory(trainer) / "figures"  # a collective: every rank asks
