@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_nsv.compat import pl
-from lightning_nsv.models.layers import mlp_sequential
+from lightning_nsv.models.layers import PlainHookAttributes, mlp_sequential
 from lightning_nsv.models.metrics import StageMetrics, check_labels
 
 OPTIMIZERS = ("sgd", "adam")
 STAGES = ("train", "val", "test")
 
 
-class LeakyReLUMLP(pl.LightningModule):
+class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
     """``f → Ω_1 → … → Ω_d → 1`` (or ``→ K``) with ``rho(z) = gamma·z (z >= 0), beta·z (z < 0)``.
 
     The network is ``self.net``, an ``nn.Sequential(Flatten, Linear, act, …, Linear)``: the path part that
