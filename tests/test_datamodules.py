@@ -385,3 +385,16 @@ def test_loaders_slice_batches_from_the_tensors():
     batches = list(workers.train_dataloader())
     assert [len(y) for _, y in batches] == [64, 64, 64, 8]
     assert torch.equal(torch.cat([x for x, _ in batches]).sort(0).values, _xy(workers.train_dataset)[0].sort(0).values)
+
+
+def test_batch_sliced_dataset_equals_advanced_indexing():
+    from lightning_nsv.datamodules.base import BatchSlicedTensorDataset
+
+    x, y = torch.randn(30, 1, 2, 3), torch.arange(30)
+    ds = BatchSlicedTensorDataset(x, y)
+    idx = torch.tensor([5, 0, 29, 5])
+    xb, yb = ds[idx]
+    assert torch.equal(xb, x[idx]) and torch.equal(yb, y[idx]) and xb.is_contiguous()
+    assert all(torch.equal(a, b) for a, b in zip(ds[3], (x[3], y[3])))  # other indices: TensorDataset's
+    assert torch.equal(ds[[1, 2]][0], x[[1, 2]]) and len(ds[1:4][1]) == 3
+    assert isinstance(_ready(QuadrantDataModule(n_samples=50, seed=1)).train_dataset, BatchSlicedTensorDataset)

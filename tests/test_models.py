@@ -190,3 +190,45 @@ def test_leaky_relu_mlp_with_k_classes_has_k_scores_and_cross_entropy():
     assert LeakyReLUMLP(in_features=64, widths=[8]).net[-1].out_features == 1  # binary: one logit
     with pytest.raises(ValueError, match="`num_classes` must be a positive integer, got 0"):
         LeakyReLUMLP(num_classes=0)
+
+
+def test_epoch_metric_append_equals_per_step_updates():
+    """The per-step fast path (appended inputs, one torchmetrics update at compute) gives the values of
+    per-step `update` calls, also after a compute in mid-epoch, and `reset` drops what was appended."""
+    from lightning_nsv.models.metrics import StageMetrics
+
+    torch.manual_seed(0)
+    steps = [(torch.rand(()), torch.randn(n), torch.randint(0, 2, (n,))) for n in (7, 5, 9)]
+    fast, slow = StageMetrics(1), StageMetrics(1)
+    for i, (loss, logits, y) in enumerate(steps):
+        fast.record(i, loss, logits, y)
+        slow.loss.update(loss.reshape(1), loss.new_full((1,), len(y)))
+        slow.accuracy.update(slow.predict(logits), y)
+        if i == 1:  # a compute in mid-epoch flushes what was appended so far
+            assert float(fast.error.compute()) == float(slow.error.compute())
+    fast.record(2, *steps[2])  # the same batch again (L-BFGS closure): not counted twice
+    assert float(fast.loss.compute()) == float(slow.loss.compute())
+    assert float(fast.error.compute()) == float(slow.error.compute())
+    assert float(fast.accuracy.compute()) == pytest.approx(1 - float(fast.error.compute()))
+    fast.loss.reset()
+    fast.accuracy.reset()
+    fast.new_epoch()
+    fast.record(0, *steps[0])
+    fast.accuracy.reset()  # drops the appended inputs too
+    assert torch.isnan(fast.accuracy.compute())
+
+
+def test_hook_bookkeeping_attributes_skip_module_setattr():
+    """`_current_fx_name` is set directly (str/None); modules, parameters and other values still register."""
+    model = LeakyReLUMLP(in_features=4, widths=[3])
+    model._current_fx_name = "training_step"
+    assert model._current_fx_name == "training_step" and "_current_fx_name" not in model._modules
+    model._current_fx_name = None
+    assert model._current_fx_name is None
+    model.extra = torch.nn.Linear(2, 2)
+    model.scale = torch.nn.Parameter(torch.ones(()))
+    assert "extra" in model._modules and "scale" in model._parameters
+    from lightning_nsv.models.layers import PlainHookAttributes
+
+    conv = ConvFCNet(in_channels=1, image_size=8, fc_depth=1, fc_width=4, conv_channels=2)
+    assert isinstance(model, PlainHookAttributes) and isinstance(conv, PlainHookAttributes)
