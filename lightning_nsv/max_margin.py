@@ -126,7 +126,10 @@ def max_margin(
 
     Args:
         kernel: dense ``(m, m)`` kernel, or a function returning the columns ``K[:, idx]`` for an index array
-            (then ``kernel_diag`` is required).
+            (then ``kernel_diag`` is required). A function object with a method ``signed_columns(idx, y, scale)``
+            (e.g. :class:`~lightning_nsv.path_space.PathKernelColumns`) gives the solver's columns
+            ``y_i y_j K_ij / scale`` itself, Fortran-ordered float64; they are then taken as finite (a Gram
+            matrix with the finite diagonal checked here).
         y: labels in ``{-1, +1}``.
         kernel_diag: ``diag(K)`` when ``kernel`` is a function.
         intercept: ``False`` for the hyperplane through the origin (exact); ``True`` for ``SVC`` with intercept.
@@ -280,14 +283,14 @@ class _ColumnStore:
         self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
 
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
-        """``Q[:, F] @ alpha``."""
+        """``Q[:, F] @ alpha`` (torch's thread pool for the memory-bound products over all stored columns)."""
         weights = [np.zeros(block.shape[1]) for block in self._blocks]
         for (b, c), a in zip(self._where, alpha):
             weights[b][c] = a
-        out = np.zeros(self.n)
+        out = torch.zeros(self.n, dtype=torch.float64)
         for block, w in zip(self._blocks, weights):
-            out += block @ w
-        return out
+            out.addmv_(torch.from_numpy(block), torch.from_numpy(w))
+        return out.numpy()
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""
@@ -473,8 +476,12 @@ class _FreeSet:
 
 def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
     m = y.shape[0]
+    signed_columns = getattr(kernel_columns, "signed_columns", None)
 
     def q_columns(idx):
+        if signed_columns is not None:
+            # a Gram matrix of finite features with a finite diagonal: |Q_ij| <= sqrt(Q_ii Q_jj), finite
+            return signed_columns(idx, y, scale)
         cols = np.multiply(_finite_columns(kernel_columns(idx)), y[:, None], order="F")  # the caller's array stays
         cols *= (y[idx] / scale)[None, :]
         return cols

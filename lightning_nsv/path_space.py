@@ -232,8 +232,9 @@ class InputGramCache:
 
     def __init__(self) -> None:
         self._fingerprint: tuple | None = None
-        self._slot: Tensor | None = None  # row of the buffer for each sample, -1 when absent
-        self._buffer: Tensor | None = None
+        self._slot: Tensor | None = None  # kept row of each sample (order of computation), -1 when absent
+        self._blocks: list[Tensor] = []  # rows in the blocks they were computed in: no copies as the cache grows
+        self._starts: list[int] = []  # first slot of each block
         self.count = 0
         self.hits = self.misses = 0
 
@@ -242,11 +243,11 @@ class InputGramCache:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self._buffer is None else self.count * self._buffer.shape[1] * self._buffer.element_size()
+        return sum(block.numel() * block.element_size() for block in self._blocks)
 
     @property
     def samples(self) -> Tensor:
-        """Samples whose rows are kept, in buffer order."""
+        """Samples whose rows are kept, in slot order."""
         if self._slot is None:
             return torch.zeros(0, dtype=torch.long)
         held = torch.nonzero(self._slot >= 0)[:, 0]
@@ -265,36 +266,55 @@ class InputGramCache:
             return True
         self._fingerprint = fingerprint
         self._slot = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-        self._buffer, self.count = None, 0
+        self._blocks, self._starts, self.count = [], [], 0
         return False
 
     def rows(self, x: Tensor, idx: Tensor) -> Tensor:
         """``(X Xᵀ)[idx, :]`` (a new tensor), from kept rows where present; computed rows are kept."""
-        missing = torch.unique(idx[self._slot[idx] < 0])
+        view = self.rows_view(x, idx)
+        return view.clone() if self.shares(view) else view
+
+    def rows_view(self, x: Tensor, idx: Tensor) -> Tensor:
+        """:meth:`rows`, but the cache's own block when it holds exactly these rows (read it, do not write it)."""
+        missing = idx[self._slot[idx] < 0]
+        if len(torch.unique(missing)) != len(missing):
+            missing = torch.unique(missing)
         self.misses += len(missing)
         self.hits += len(idx) - len(missing)
         if len(missing):
-            need = self.count + len(missing)
-            if self._buffer is None or need > self._buffer.shape[0]:
-                grown = torch.empty(max(need, 2 * self.count, 64), x.shape[0], dtype=x.dtype, device=x.device)
-                if self.count:
-                    grown[: self.count] = self._buffer[: self.count]
-                self._buffer = grown
-            self._buffer[self.count:need] = x[missing] @ x.T
-            self._slot[missing] = torch.arange(self.count, need, device=x.device)
-            self.count = need
-        return self._buffer[self._slot[idx]]
+            self._blocks.append(x[missing] @ x.T)
+            self._starts.append(self.count)
+            self._slot[missing] = torch.arange(self.count, self.count + len(missing), device=x.device)
+            self.count += len(missing)
+        return self._gather(self._slot[idx])
+
+    def _gather(self, slots: Tensor) -> Tensor:
+        last = self._blocks[-1]
+        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self.count,
+                                                                        device=slots.device)):
+            return last
+        out = last.new_empty(len(slots), last.shape[1])
+        for start, block in zip(self._starts, self._blocks):
+            inside = (slots >= start) & (slots < start + len(block))
+            if bool(inside.any()):
+                out[inside] = block[slots[inside] - start]
+        return out
+
+    def shares(self, rows: Tensor) -> bool:
+        """Whether ``rows`` is one of the cache's own blocks (to be read, not written)."""
+        return any(rows.data_ptr() == block.data_ptr() for block in self._blocks)
 
     def keep(self, samples) -> None:
         """Keep the rows of ``samples`` only (e.g. the support vectors), freeing the others."""
-        if self._buffer is None:
+        if not self._blocks:
             return
         samples = torch.as_tensor(np.asarray(samples), dtype=torch.long, device=self._slot.device)
         samples = samples[self._slot[samples] >= 0]
-        kept = self._buffer[self._slot[samples]].clone()
+        kept = self._gather(self._slot[samples]) if len(samples) else None  # the only block left: no copy needed
         self._slot.fill_(-1)
         self._slot[samples] = torch.arange(len(samples), device=self._slot.device)
-        self._buffer, self.count = kept, len(samples)
+        self._blocks, self._starts = ([kept], [0]) if kept is not None else ([], [])
+        self.count = len(samples)
 
 
 class PathKernelColumns:
@@ -350,20 +370,48 @@ class PathKernelColumns:
 
     def rows(self, idx) -> Tensor:
         """``K[idx, :] = K[:, idx]ᵀ``, shape ``(len(idx), m)``, on the device of ``x``."""
-        idx = torch.as_tensor(idx, dtype=torch.long, device=self.x.device)
+        return self._rows(torch.as_tensor(idx, dtype=torch.long, device=self.x.device))
+
+    def _rows(self, idx: Tensor, signs: Tensor | None = None, factor: float = 1.0) -> Tensor:
+        """``factor · s_idx s_jᵀ ∘ K[idx, :]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor.
+
+        ReLU-type layers without biases take the signs into the last layer's indicator product (exact integer
+        counts ``±Π P_l P_lᵀ``) and scale the input Gram once: one pass over the ``b×m`` block after the products."""
         if self.input_gram_cache is None:
             input_gram = self.x[idx] @ self.x.T
         else:
-            input_gram = self.input_gram_cache.rows(self.x, idx)
-        if self._integer_counts():
-            counts = None
-            for p in self.indicators:
-                counts = p[idx] @ p.T if counts is None else counts.mul_(p[idx] @ p.T)
-            if counts is not None:
-                input_gram *= counts
-            return input_gram.mul_(math.prod(g * g for g in self.gammas)) if any(g != 1 for g in self.gammas) \
-                else input_gram
-        return _combine(input_gram, [self.slope_gram(k, idx) for k in range(len(self.indicators))], self.bias)
+            input_gram = self.input_gram_cache.rows_view(self.x, idx)
+        shared = self.input_gram_cache is not None and self.input_gram_cache.shares(input_gram)
+        if self._integer_counts() and self.indicators:
+            counts = product = None
+            for layer, p in enumerate(self.indicators):
+                right = p if signs is None or layer < len(self.indicators) - 1 else p * signs.to(p.dtype)[:, None]
+                if counts is None:
+                    counts = right[idx] @ right.T
+                else:
+                    product = torch.mm(right[idx], right.T, out=product)  # one buffer for every later layer
+                    counts.mul_(product)
+            factor *= math.prod(g * g for g in self.gammas)
+            zero = torch.zeros((), dtype=input_gram.dtype, device=input_gram.device)
+            return torch.addcmul(zero, input_gram, counts, value=factor,
+                                 out=torch.empty_like(input_gram) if shared else input_gram)
+        if shared:
+            input_gram = input_gram.clone()
+        if self._integer_counts():  # no hidden layer: the input Gram alone
+            kernel = input_gram
+        else:
+            kernel = _combine(input_gram, [self.slope_gram(k, idx) for k in range(len(self.indicators))], self.bias)
+        if signs is not None:
+            kernel.mul_(signs.to(kernel.dtype)[None, :]).mul_(signs[idx].to(kernel.dtype)[:, None])
+        return kernel.mul_(factor) if factor != 1.0 else kernel
+
+    def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
+        """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order: what the active-set solver
+        of :func:`~lightning_nsv.max_margin.max_margin` asks for (labels ``s`` in ``±1``)."""
+        device = self.x.device
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=device)
+        signs = torch.as_tensor(np.asarray(signs), dtype=self.x.dtype, device=device)
+        return self._rows(idx, signs, 1.0 / scale).to("cpu", torch.float64).numpy().T
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""

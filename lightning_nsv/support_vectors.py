@@ -263,12 +263,12 @@ def network_support_vectors(
         raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
                          f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
     on_device = _network_on(net, device)
+    x_train = x_train.to(net.dtype)
     outputs, slopes_train = forward_with_slopes(on_device, x_train)
     _check_finite_samples(outputs[:, None], "network outputs")
     errors = int((y * outputs <= 0).sum())
     if errors:
         raise NotSeparableError(_misclassified_message(x_train, y, outputs, errors))
-    x_train = x_train.to(net.dtype)
     bias = net.biases is not None
     m = len(y)
     dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
@@ -285,7 +285,7 @@ def network_support_vectors(
             initial = torch.argsort(y * outputs)[: int(math.sqrt(m))].cpu().numpy()
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias)
-        svm = max_margin(columns.numpy, y, kernel_diag=diag.cpu().numpy(), initial=initial)
+        svm = max_margin(columns, y, kernel_diag=diag.cpu().numpy(), initial=initial)
         if cache is not None:
             cache.keep(svm.support_)
 

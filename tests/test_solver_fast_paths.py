@@ -24,6 +24,30 @@ def test_kernel_columns_equal_the_dense_kernel(bias, beta):
     np.testing.assert_allclose(columns.numpy(idx), dense[:, idx].numpy(), rtol=1e-14, atol=1e-14 * float(dense.max()))
 
 
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("bias, beta, gamma", [(False, 0.0, 1.0), (False, 0.0, 1.5), (True, 0.0, 1.0),
+                                               (False, 0.1, 1.0), (True, -1.0, 1.0)])
+def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact(bias, beta, gamma, cached):
+    net = random_net((5, 4, 3), in_features=6, beta=beta, bias=bias, gamma=gamma, seed=2)
+    x = torch.randn(80, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    _, layer_slopes = forward_with_slopes(net, x)
+    dense = path_kernel(x, layer_slopes, bias=bias).numpy()
+    cache = InputGramCache() if cached else None
+    columns = PathKernelColumns(x, layer_slopes, net.betas, net.gammas, bias=bias, input_gram_cache=cache)
+    y = np.where(np.random.default_rng(4).random(80) < 0.5, -1.0, 1.0)
+    scale = 3.7
+    # new rows (the cache's own block), the same rows again, then rows from several blocks, one of them new
+    for idx in (np.array([5, 0, 79]), np.array([5, 0, 79]), np.array([79, 12, 5, 40, 0])):
+        expected = dense[:, idx] * y[:, None] * y[idx][None, :] / scale
+        got = columns.signed_columns(idx, y, scale)
+        assert got.flags.f_contiguous and got.dtype == np.float64
+        np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-14 * np.abs(dense).max() / scale)
+    if cached:
+        held = cache.samples
+        np.testing.assert_allclose(cache.rows(x, held).numpy(), (x[held] @ x.T).numpy(), rtol=1e-15, atol=1e-15)
+        assert sorted(held.tolist()) == [0, 5, 12, 40, 79] and cache.misses == 5
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
 def test_columns_path_gives_the_dense_solution(bias, beta):
