@@ -6,7 +6,8 @@ of Nguyen, Mukkamala & Hein (2019) need ``rank Ψ = N``. The rank is the float64
 tolerance ``σ_max · max(N, M) · eps`` of ``torch.linalg.matrix_rank``.
 
 - :func:`psi_spectrum`: σ_min, σ_max, rank and condition number; ``spectrum="fast"`` (default) without a full
-  SVD, ``spectrum="full"`` by ``torch.linalg.svdvals``.
+  SVD (Gram matrix, Cholesky, block Krylov, Rayleigh–Ritz with Ψ itself, certified, SVD fallback),
+  ``spectrum="full"`` by ``torch.linalg.svdvals``.
 - :func:`psi_spectrum_streaming`: the same for a Ψ produced in row blocks, under a memory limit (R factor).
 """
 from __future__ import annotations
@@ -22,18 +23,24 @@ from torch import Tensor
 
 EPS64 = torch.finfo(torch.float64).eps
 SPECTRA = ("fast", "full")
-#: The fast route keeps the rows of Ψ whose pivots in a pivoted Cholesky of the Gram matrix are above this
-#: fraction of the first (cond ≲ 1/sqrt(cut), where the Gram matrix still preconditions well); when a check
-#: fails it tries the next, smaller set of rows.
-GRAM_PIVOT_TOLS = (1e-13, 1e-10, 1e-7)
 #: Below this many rows (of the smaller side) a full SVD is cheap: the fast route takes it.
 SMALL_SIDE = 256
 #: The fast route trusts a rank decision only with singular values at least this factor from the tolerance.
 RANK_MARGIN = 10.0
-#: ... and, for the singular values of the remainder, this separation from the kept rows' smallest one.
-SEPARATION = 1e3
-#: Largest relative residual ‖Ψᵀ… ‖ of an accepted Ritz triple of the kept rows.
-RITZ_RESIDUAL = 1e-4
+#: Largest certified relative error of a singular value the fast route reports (else it works on or falls back).
+CERT_RTOL = 1e-4
+#: Block sizes of the Krylov spaces for the smallest and the largest singular values.
+BOTTOM_BLOCK, TOP_BLOCK = 32, 16
+#: Krylov blocks at most, blocks between two looks at the Ritz pairs, Ritz vectors beyond the reported ones that go
+#: to the exact Rayleigh–Ritz step, and the operator's relative residual at which that step is tried.
+KRYLOV_MAX_STEPS, KRYLOV_CHECK, KRYLOV_EXTRA, KRYLOV_PRECHECK = 60, 4, 24, 1e-5
+#: Rows whose pivots in a pivoted Cholesky factorisation of the Gram matrix fall below this fraction of its largest
+#: diagonal entry form the remainder of the rank-revealing route.
+PIVOT_TOL = 1e-13
+#: Gaussian probes of the remainder's norm (the bound fails with probability 2^-NORM_PROBES).
+NORM_PROBES = 48
+#: Steps of inverse iteration (with the Gram factor) that may filter the smallest Ritz vectors before giving up.
+POLISH_STEPS = 2
 
 
 def as_matrix64(a: Any, name: str) -> Tensor:
@@ -78,7 +85,8 @@ class PsiSpectrum:
     also in ``singular_values``, when the full spectrum was computed). ``full_rank`` means rank N, the
     condition of Lemma 3.2; it needs M ≥ N. ``condition_number`` is ``sigma_max / sigma_min`` (inf when
     ``sigma_min`` is 0). ``method``: ``"svd"`` (SVD of Ψ), ``"qr"`` (SVD of Ψ's R factor), ``"gram"`` (the
-    fast route, :func:`psi_spectrum`).
+    fast route, :func:`psi_spectrum`; when its rank is below min(N, M), ``bottom`` holds one number, an upper
+    bound of σ_{rank+1}, …, σ_min, below the tolerance).
     """
 
     top: Tensor
@@ -167,19 +175,30 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
 
     - ``spectrum="full"``: all singular values by ``torch.linalg.svdvals``, about ``4·p·k²`` flops, half of
       them matrix-vector (memory-bound).
-    - ``spectrum="fast"``: no SVD of Ψ. The Gram matrix ``B Bᵀ`` (``p·k²`` flops, matrix-matrix) gets a
-      pivoted Cholesky factorisation (``k³/3``), which keeps the rows of B it can resolve (cond ≲ 3·10⁶) and
-      factors their Gram block ``L Lᵀ``. Lanczos on ``(L Lᵀ)⁻¹`` (triangular solves, ``k²`` a step) finds the
-      smallest singular vectors of those rows, and σ_min comes from a Rayleigh–Ritz step with B itself, so
-      it is not limited by the squared condition number of the Gram matrix; σ_max from Lanczos on ``B Bᵀ``.
-      The other rows (near the span of the kept ones) are projected out of it with corrected semi-normal
-      equations; the singular values of that remainder on its own subspace bound the rest of the spectrum.
-      A rank decision is accepted only when every singular value it rests on is at least ``RANK_MARGIN``
-      from the tolerance, the kept rows' σ_min is ``SEPARATION`` times the remainder's and the Ritz
-      residuals are small; otherwise the exact route (the SVD of the k×k R factor of Bᵀ) answers, as it
-      does below ``SMALL_SIDE`` rows. ``bottom`` then holds the smallest ``num_extremes`` singular values
-      (of the remainder when there is one), ``top`` the largest. Memory: Ψ plus two k×k float64.
+    - ``spectrum="fast"``: no SVD of Ψ. The Gram matrix ``G = B Bᵀ`` (``p·k²`` flops, matrix-matrix), then:
 
+      1. σ_max and the largest values: block Krylov on G, Rayleigh–Ritz with B itself, residual certificate.
+      2. If G has a Cholesky factor ``L Lᵀ`` (``k³/3``): block Krylov on ``(L Lᵀ)⁻¹`` (block triangular
+         solves) for the smallest singular subspace, then Rayleigh–Ritz with B itself: ``W = Bᵀ X``. The Ritz
+         values are upper bounds of the singular values they approximate (interlacing) and, computed from B,
+         are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
+         ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
+         bound on each reported value is below ``CERT_RTOL`` relative and σ_min is ``RANK_MARGIN`` times above
+         the tolerance: rank k. The residual of a floating-point Ritz vector is about ``eps·κ²`` relative, so the
+         certificate holds up to κ ≈ 10⁶–10⁷ (the values themselves are accurate to ~1e-10 there).
+      3. Otherwise (G not positive definite, or no certificate): a pivoted Cholesky factorisation of G
+         (``dpstrf``) splits the rows into ``head`` (pivots above ``PIVOT_TOL``) and ``tail``. The head's smallest
+         singular value (step 2 on its rows) is a lower bound of ``σ_head(B)`` (interlacing: rank ≥ head); a
+         randomised bound (Gaussian probes, computed with B, fails with probability ``2^-NORM_PROBES``) on the
+         remainder of the tail rows orthogonal to the head rows bounds ``σ_{head+1}(B)`` from above: rank ≤ head
+         when it is below the tolerance. Row operations change singular values, so only these two inequalities
+         are used; ``bottom`` then holds that one bound (σ_min is at most it).
+      4. Any check that fails: ``torch.linalg.svdvals`` of Ψ (``method="svd"``, all singular values), as
+         below ``SMALL_SIDE`` rows.
+
+      What is assumed, as by any Krylov eigensolver: the Krylov space started from a random block holds every
+      singular value between the reported ones and the gap used (convergence is checked, not proven). Memory:
+      Ψ plus two or three k×k float64.
     Args:
         psi: N×M matrix (tensor or array) of skip-unit outputs on the training set.
         spectrum: ``"fast"`` or ``"full"``.
@@ -206,123 +225,234 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
         return _fast_spectrum(psi if n <= m else psi.T, n, m, num_extremes)
 
 
-def _exact_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
-    r = torch.linalg.qr(b.T, mode="r").R
-    return _from_singular_values(torch.linalg.svdvals(r), n, m, "qr", num_extremes)
+def _solve_lower(factor: Tensor) -> Callable[[Tensor], Tensor]:
+    """``x -> (L Lᵀ)⁻¹ x`` for a lower Cholesky factor (two block triangular solves, BLAS3)."""
+    def solve(x: Tensor) -> Tensor:
+        y = torch.linalg.solve_triangular(factor, x, upper=False)
+        return torch.linalg.solve_triangular(factor.mT, y, upper=True)
+    return solve
 
 
-def _lanczos_largest(apply: Callable[[np.ndarray], np.ndarray], size: int, count: int, tol: float,
-                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The ``count`` largest eigenpairs of a symmetric positive operator on R^size (ARPACK, fixed start)."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
-
-    op = LinearOperator((size, size), matvec=apply, dtype=np.float64)
-    v0 = np.random.default_rng(seed).standard_normal(size)
-    values, vectors = eigsh(op, k=count, which="LA", v0=v0, tol=tol, ncv=min(size, max(3 * count, 20)),
-                            maxiter=50 * size)
-    order = np.argsort(values)[::-1]
-    return values[order], vectors[:, order]
+def _orthonormal(x: Tensor, against: Tensor | None = None) -> Tensor:
+    """Orthonormal columns spanning ``x`` minus its part in ``span(against)`` (orthonormal): two passes of block
+    Gram–Schmidt, a QR, and one more pass and QR, so that a nearly dependent block stays orthogonal."""
+    for _ in range(2):
+        if against is not None:
+            for _ in range(2):
+                x = x - against @ (against.T @ x)
+        x = torch.linalg.qr(x).Q
+    return x
 
 
-def _gram(b: Tensor, blocks: int = 8) -> Tensor:
-    """``B Bᵀ`` from its lower block triangle (block rows times the rows above them), mirrored: about
-    ``(1 + 1/blocks)/2`` of the flops of one matrix product."""
+@dataclass(frozen=True)
+class _Ritz:
+    """Ritz values ``values`` of B on a subspace, with ``errors``: each value is within its error of a singular
+    value of B. ``vectors``: the left Ritz vectors (rows of B, orthonormal columns)."""
+
+    values: Tensor
+    errors: Tensor
+    vectors: Tensor
+
+    def certified(self, count: int) -> bool:
+        return bool((self.errors[:count] <= CERT_RTOL * self.values[:count]).all())
+
+
+def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, smallest: bool, count: int,
+                estimates: Tensor) -> _Ritz:
+    """Rayleigh–Ritz with the exact B (or its ``rows``) on ``span(x)``, certified by exact residuals.
+
+    ``W = Bᵀ X`` (X orthonormal) has the Ritz values μ as singular values, ``W = Y diag(μ) Zᵀ``; with ``u = X z``,
+    ``Bᵀ u = μ y`` holds exactly and ``r = B y − μ u`` gives ``‖B Bᵀ u − μ² u‖ = μ ‖r‖``. So
+
+    - some singular value of B lies within ``‖r‖`` of μ (linear bound, always valid);
+    - the ``j`` Ritz values nearest the end of the spectrum are within ``‖R_j‖_F² / δ_j`` (in σ²) of ``j``
+      eigenvalues of ``B Bᵀ``, ``R_j`` their block residual and ``δ_j`` the gap to the rest of the spectrum
+      (quadratic residual bound for a cluster, Mathias 1998 / Li & Li 2005). ``δ_j`` is taken from the next Ritz
+      value and ``estimates`` (the Krylov operator's eigenvalue estimates of σ², same order): this assumes that the
+      subspace holds every singular value up to there, the assumption of any Krylov eigensolver.
+
+    The error of each of the first ``count`` values is the smaller bound (the best ``j >= count``), at least
+    ``8·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
+    x = torch.linalg.qr(x).Q
+    full = x if rows is None else torch.zeros(b.shape[0], x.shape[1], dtype=x.dtype).index_copy_(0, rows, x)
+    left, mu, right_t = torch.linalg.svd(b.T @ full, full_matrices=False)  # W = Bᵀ X, μ descending
+    u = x @ right_t.T
+    by = b @ left
+    resid = torch.linalg.vector_norm((by if rows is None else by[rows]) - u * mu, dim=0)
+    if smallest:
+        mu, resid, u = mu.flip(0), resid.flip(0), u.flip(1)
+    lam = mu**2
+    est = estimates[:len(mu)]
+    block = torch.cumsum((mu * resid) ** 2, 0)  # ‖R_j‖_F² of the first j + 1
+    best = math.inf
+    for j in range(count, len(mu)):  # window: the first j values; the next one bounds the gap
+        nxt = min(float(lam[j]), float(est[j])) if smallest else max(float(lam[j]), float(est[j]))
+        gap = abs(nxt - float(lam[j - 1]))
+        if gap > 2 * math.sqrt(float(block[j - 1])):
+            best = min(best, float(block[j - 1]) / gap)
+    errors = torch.minimum(resid, best / mu.clamp_min(1e-300)).clamp_min(8 * EPS64 * sigma_max)
+    return _Ritz(mu, errors, u)
+
+
+def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, count: int,
+                    accept: Callable[[Tensor, Tensor], _Ritz | None], gen: torch.Generator) -> _Ritz | None:
+    """Block Krylov (block Lanczos with full reorthogonalisation) for the largest eigenpairs of the symmetric
+    positive operator ``apply`` on R^dim. Every ``KRYLOV_CHECK`` blocks the Ritz pairs of the Krylov space are
+    formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` their vectors (and a few
+    more) and eigenvalue estimates go to ``accept`` (the exact certificate), whose answer, when not None, is
+    returned. None when the space
+    is exhausted or ``KRYLOV_MAX_STEPS`` blocks are spent, or when the operator's own residuals are at rounding
+    level and ``accept`` still refuses (more steps would not help)."""
+    block = min(block, dim)
+    q = _orthonormal(torch.randn(dim, block, generator=gen, dtype=torch.float64))
+    basis, images = [q], []
+    for step in range(1, KRYLOV_MAX_STEPS + 1):
+        images.append(apply(basis[-1]))
+        size = sum(v.shape[1] for v in basis)
+        last = size + block > dim or step == KRYLOV_MAX_STEPS
+        if step % KRYLOV_CHECK == 0 or last:
+            qs, zs = torch.cat(basis, 1), torch.cat(images, 1)
+            t = qs.T @ zs
+            theta, s = torch.linalg.eigh((t + t.T) / 2)
+            keep = min(size, count + KRYLOV_EXTRA)
+            s = s[:, -keep:].flip(1)
+            theta = theta[-keep:].flip(0)
+            x = qs @ s
+            rel = torch.linalg.vector_norm(zs @ s - x * theta, dim=0) / theta.abs().clamp_min(1e-300)
+            worst = float(rel[:count].max())
+            if worst <= KRYLOV_PRECHECK or last:
+                found = accept(x, theta)
+                if found is not None:
+                    return found
+                if worst <= 1e-13 or last:
+                    return None
+        if last:
+            return None
+        basis.append(_orthonormal(images[-1], torch.cat(basis, 1)))
+    return None
+
+
+def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> _Ritz | None:
+    """The ``count`` largest singular values of B: block Krylov on the Gram matrix, certified with B itself."""
+    def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
+        ritz = _exact_ritz(b, x, None, math.sqrt(max(float(theta[0]), 0.0)), False, count, theta)
+        return ritz if ritz.certified(count) else None
+
+    return _krylov_largest(lambda v: gram @ v, gram.shape[0], TOP_BLOCK, count, accept, gen)
+
+
+def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int, sigma_max: float,
+                     gen: torch.Generator) -> _Ritz | None:
+    """The ``count`` smallest singular values of B (or of its ``rows``) with ``factor`` the Cholesky factor of their
+    Gram matrix: block Krylov on ``(L Lᵀ)⁻¹`` (block triangular solves) finds the subspace, Rayleigh–Ritz with the
+    exact rows of B gives the values and their certificate (:func:`_exact_ritz`)."""
+    solve = _solve_lower(factor)
+    size = factor.shape[0]
+
+    def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, 1 / theta)
+        for _ in range(POLISH_STEPS):
+            if ritz.certified(count):
+                break
+            ritz = _exact_ritz(b, solve(ritz.vectors), rows, sigma_max, True, count, 1 / theta)
+        return ritz if ritz.certified(count) else None
+
+    return _krylov_largest(solve, size, BOTTOM_BLOCK, count, accept, gen)
+
+
+def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail: Tensor, sigma_max: float,
+                     sigma_head: float, gen: torch.Generator) -> float:
+    """A bound on ``σ_{len(head)+1}(B)``, which holds with probability at least ``1 − 2^-NORM_PROBES``.
+
+    ``Z = B_tail (I − P)``, P the orthogonal projector on the row space of ``B_head``, has
+    ``σ_{h+i}(B) <= σ_i(Z)`` (for x ⊥ rows of B_head, ``‖B x‖ = ‖Z x‖``). For standard Gaussian ω,
+    ``‖Z‖ <= 2·sqrt(2/π)·max_i ‖Z ω_i‖`` with probability ``1 − 2^-s`` (Halko, Martinsson & Tropp 2011, Lemma 4.1).
+    ``Z ω = B_tail x − C s`` with ``x = ω − B_headᵀ y`` (y from the head's Gram factor), ``s = B_head x`` and
+    ``C = B_tail B_headᵀ (B_head B_headᵀ)⁻¹``; ``B_tail x`` and ``s`` come from B itself, ``C s`` (tiny) from the Gram
+    matrix, counted twice, plus ``eps·‖B_tail‖_F·‖x‖`` for the rounding of ``B_tail x``."""
+    k, p = b.shape
+    solve = _solve_lower(factor)
+    omega = torch.randn(p, NORM_PROBES, generator=gen, dtype=torch.float64)
+    embed = torch.zeros(k, NORM_PROBES, dtype=torch.float64)
+    s, y = (b @ omega)[head], torch.zeros(len(head), NORM_PROBES, dtype=torch.float64)
+    for _ in range(3):  # corrected semi-normal equations: x = ω − B_headᵀ y nearly ⊥ the head rows
+        y = y + solve(s)
+        x = omega - b.T @ embed.index_copy_(0, head, y)
+        bx = b @ x
+        z, s = bx[tail], bx[head]
+    cs = gram[tail][:, head] @ solve(s)
+    # relative accuracy of the Gram matrix's C on s (its rounding, squared condition of the head rows)
+    rel_c = min(1.0, 8 * EPS64 * math.sqrt(k) * (sigma_max / sigma_head) ** 2)
+    tail_fro = math.sqrt(float(gram.diagonal()[tail].sum()))
+    zeta = (torch.linalg.vector_norm(z - cs, dim=0) + rel_c * torch.linalg.vector_norm(cs, dim=0)
+            + 2 * EPS64 * tail_fro * torch.linalg.vector_norm(x, dim=0))
+    return 2 * math.sqrt(2 / math.pi) * float(zeta.max())
+
+
+def _gram(b: Tensor, blocks: int = 16) -> Tensor:
+    """The symmetric ``B Bᵀ`` from its lower block triangle (block rows times the rows above them), mirrored:
+    about ``(1 + 1/blocks)/2`` of the flops of one matrix product."""
     k = b.shape[0]
     gram = torch.empty(k, k, dtype=torch.float64)
-    edges = [round(k * i / blocks) for i in range(blocks + 1)]
+    edges = sorted({round(k * i / blocks) for i in range(blocks + 1)})
     for lo, hi in zip(edges[:-1], edges[1:]):
         gram[lo:hi, :hi] = b[lo:hi] @ b[:hi].T
         gram[:lo, lo:hi] = gram[lo:hi, :lo].T
     return gram
 
 
+def _cholesky(gram: Tensor) -> Tensor | None:
+    """Lower Cholesky factor of the Gram matrix, None when it is not (numerically) positive definite. One torch
+    thread: LAPACK ``dpotrf`` of scipy (single-threaded, faster here than torch's); else torch's."""
+    if torch.get_num_threads() == 1:
+        import scipy.linalg as sl
+
+        factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
+        return torch.from_numpy(factor) if info == 0 else None
+    factor, info = torch.linalg.cholesky_ex(gram)
+    return factor if int(info) == 0 else None
+
+
 def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
     import scipy.linalg as sl
-    from scipy.sparse.linalg import ArpackNoConvergence
 
     k = b.shape[0]
+    if k < 8:
+        return _exact_spectrum(b, n, m, num_extremes)
+    count = max(1, min(num_extremes, k // 4))
+    gen = torch.Generator().manual_seed(0)
     gram = _gram(b)
-    gram_f = gram.numpy().T  # symmetric: the Fortran-ordered view is the Gram matrix itself (its lower triangle)
-    factor, piv, resolved, info = sl.lapack.dpstrf(gram_f, lower=1, tol=GRAM_PIVOT_TOLS[0] * float(gram.diag().max()))
-    if info < 0 or resolved < 2:
+    top = _top_singular(b, gram, count, gen)
+    if top is None:
+        return _exact_spectrum(b, n, m, num_extremes)
+    sigma_max = float(top.values[0])
+    tol = sigma_max * max(n, m) * EPS64
+    factor = _cholesky(gram)
+    if factor is not None:  # rank N unless σ_min says otherwise
+        bottom = _bottom_singular(b, factor, None, count, sigma_max, gen)
+        if bottom is not None and float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
+            return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram")
+    del factor
+    # rank-revealing: head rows of a pivoted Cholesky factorisation, remainder of the others
+    pivoted, piv, rank, info = sl.lapack.dpstrf(gram.numpy().T, lower=1, tol=PIVOT_TOL * float(gram.diagonal().max()))
+    if info < 0 or rank < 2:
         return _exact_spectrum(b, n, m, num_extremes)
     order = torch.from_numpy(piv.astype(np.int64) - 1)
-    pivots = np.diag(factor)[:resolved] ** 2  # non-increasing
-    try:
-        top_eig, _ = _lanczos_largest(lambda x: sl.blas.dsymv(1.0, gram_f, x, lower=1), k,
-                                      min(num_extremes, k - 1), tol=1e-10)
-    except ArpackNoConvergence:
+    head, tail = order[:rank], order[rank:]
+    head_factor = torch.from_numpy(pivoted)[:rank, :rank]
+    bottom = _bottom_singular(b, head_factor, head, max(1, min(count, rank // 4)), sigma_max, gen)
+    if bottom is None or float(bottom.values[0] - bottom.errors[0]) <= RANK_MARGIN * tol:
         return _exact_spectrum(b, n, m, num_extremes)
-    top = torch.from_numpy(np.sqrt(np.maximum(top_eig, 0.0)))[:num_extremes]
-    tol = float(top[0]) * max(n, m) * EPS64
-    for cut in GRAM_PIVOT_TOLS:  # fewer head rows, better resolved, until the checks pass
-        kept = int((pivots >= cut * pivots[0]).sum())
-        if kept < 2:
-            break
-        lower = factor if kept == k else np.asfortranarray(factor[:kept, :kept])  # L Lᵀ = Gram[head][:, head]
-        found = _split_spectrum(b, gram, order[:kept], order[kept:], lower, tol, num_extremes)
-        if found is not None:
-            rank, bottom = found
-            return PsiSpectrum(top, bottom, rank, tol, n, m, "gram")
-    return _exact_spectrum(b, n, m, num_extremes)
-
-
-def _split_spectrum(b: Tensor, gram: Tensor, head: Tensor, tail: Tensor, lower: np.ndarray, tol: float,
-                    num_extremes: int) -> tuple[int, Tensor] | None:
-    """Rank and smallest singular values of B from its head rows (factor ``lower`` of their Gram block) and the
-    remainder of its tail rows; None when a check fails."""
-    import scipy.linalg as sl
-    from scipy.sparse.linalg import ArpackNoConvergence
-
-    kept, k = len(head), b.shape[0]
-    count = min(num_extremes, kept - 1)
-    try:
-        _, inv_vec = _lanczos_largest(
-            lambda x: sl.solve_triangular(lower, sl.solve_triangular(lower, x, lower=True, check_finite=False),
-                                          lower=True, trans="T", check_finite=False), kept, count, tol=1e-9)
-    except ArpackNoConvergence:
-        return None
-    # Rayleigh–Ritz with the head rows of B on the Lanczos vectors: X orthonormal, Xᵀ B_head = Y Σ Zᵀ
-    x = torch.linalg.qr(torch.from_numpy(inv_vec)).Q
-    embedded = torch.zeros(k, count, dtype=torch.float64)
-    embedded[head] = x
-    left, head_sv, right_t = torch.linalg.svd((b.T @ embedded).T, full_matrices=False)
-    residual = torch.linalg.vector_norm((b @ right_t.T)[head] - (x @ left) * head_sv, dim=0) / head_sv
-    head_min = float(head_sv[-1])
-    if not (float(residual.max()) <= RITZ_RESIDUAL and head_min > RANK_MARGIN * tol):
-        return None
     if len(tail) == 0:
-        return kept, head_sv[-num_extremes:]
-    tail_sv = _remainder_singular_values(b, gram, head, tail, lower, tol)
-    near_tol = ((tail_sv > tol / RANK_MARGIN) & (tail_sv < tol * RANK_MARGIN)).any()
-    if float(tail_sv[0]) * SEPARATION > head_min or bool(near_tol):
-        return None
-    return kept + int((tail_sv > tol).sum()), tail_sv[-num_extremes:]
+        return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram")
+    bound = _remainder_bound(b, gram, head_factor, head, tail, sigma_max, float(bottom.values[0] - bottom.errors[0]), gen)
+    if bound >= tol:
+        return _exact_spectrum(b, n, m, num_extremes)
+    return PsiSpectrum(top.values[:count], torch.tensor([bound], dtype=torch.float64), rank, tol, n, m, "gram")
 
 
-def _remainder_singular_values(b: Tensor, gram: Tensor, head: Tensor, tail: Tensor, lower: np.ndarray,
-                               tol: float) -> Tensor:
-    """Ritz values of B on ``{u : u_head = -C u_tail}``, ``C`` the least-squares coefficients of the tail rows on
-    the head rows (semi-normal equations, corrected once unless the remainder is already below the tolerance).
-
-    Any ``C`` gives ``σ_{head+i}(B) <= σ_i(tail rows - Cᵀ head rows)`` (a rank-``len(head)`` change), so a
-    remainder below ``tol / RANK_MARGIN`` in Frobenius norm proves the rank; its values are then only
-    estimated (from its Gram matrix). Otherwise they come from an SVD of the d×p remainder, and match the
-    ``d = len(tail)`` smallest singular values of B when the head's smallest one is well above them."""
-    chol = torch.from_numpy(np.tril(lower))
-    coef = torch.cholesky_solve(gram[head][:, tail], chol)  # (head × tail)
-    embed = torch.zeros(b.shape[0], len(tail), dtype=torch.float64)
-    embed[tail] = torch.eye(len(tail), dtype=torch.float64)
-    embed[head] = -coef
-    remainder = embed.T @ b  # tail rows minus their least-squares fit by the head rows
-    if float(torch.linalg.matrix_norm(remainder)) > tol / RANK_MARGIN:
-        embed[head] -= torch.cholesky_solve((b @ remainder.T)[head], chol)  # corrected semi-normal step
-        remainder = embed.T @ b
-    r = torch.linalg.cholesky(embed.T @ embed, upper=True)  # orthonormal basis of the subspace: embed · r⁻¹
-    ritz = torch.linalg.solve_triangular(r.T, remainder, upper=False)
-    if float(torch.linalg.matrix_norm(ritz)) <= tol / RANK_MARGIN:
-        return torch.linalg.eigvalsh(ritz @ ritz.T).flip(0).clamp_min(0).sqrt()
-    return torch.linalg.svdvals(ritz)
+def _exact_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
+    return _from_singular_values(torch.linalg.svdvals(b), n, m, "svd", num_extremes)
 
 
 # ------------------------------------------------------------------------------------------- streaming Ψ

@@ -169,7 +169,7 @@ def test_fast_route_falls_back_near_the_tolerance(factor, fast_everywhere):
     s = np.concatenate([np.logspace(0, -2, 85), np.full(5, factor * tol)])
     psi = matrix_with_singular_values(s, n, m, seed=3)
     fast, full = psi_spectrum(psi), psi_spectrum(psi, "full")
-    assert fast.method == "qr" and fast.rank == full.rank == int(torch.linalg.matrix_rank(psi))
+    assert fast.method == "svd" and fast.rank == full.rank == int(torch.linalg.matrix_rank(psi))
     assert fast.rank == (90 if factor > 1 else 85)
 
 
@@ -190,7 +190,8 @@ def test_threads_restored_summary_and_fast_plot(fast_everywhere):
     psi = matrix_with_singular_values(_known("deficient", 40), 40, 50, seed=0)
     spec = psi_spectrum(psi, torch_threads=1, num_extremes=4)
     assert torch.get_num_threads() == threads
-    assert len(spec.top) == len(spec.bottom) == 4
+    # rank-deficient: ``bottom`` is one number, a bound on σ_{rank+1}, ..., σ_min below the tolerance
+    assert spec.method == "gram" and len(spec.top) == 4 and len(spec.bottom) == 1 and spec.sigma_min < spec.tolerance
     assert spec.summary() == spectrum_summary(spec.to_metrics())
     assert spec.summary().startswith("Ψ: N=40, M=50, rank 28 < N (σ_min ")
     assert spec.summary().endswith("): the no-bad-valley condition does not hold")
@@ -199,4 +200,46 @@ def test_threads_restored_summary_and_fast_plot(fast_everywhere):
     for result in (spec, full):
         fig, ax = result.plot()
         assert ax.get_xlabel() == "index i (descending order)" and ax.get_ylabel() == "singular value σᵢ of Ψ"
-    assert [line.get_label() for line in spec.plot()[1].get_lines()][:2] == ["largest 4", "smallest 4"]
+    assert [line.get_label() for line in spec.plot()[1].get_lines()][:2] == ["largest 4", "smallest 1"]
+
+
+@pytest.mark.parametrize("kappa", [1e4, 1e6, 1e7])
+@pytest.mark.parametrize("shape", [(300, 360), (360, 300)])
+def test_fast_route_full_rank_up_to_kappa_1e7(kappa, shape, fast_everywhere):
+    n, m = shape
+    s = np.logspace(0, -math.log10(kappa), min(n, m))
+    psi = matrix_with_singular_values(s, n, m, seed=7)
+    fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
+    # certified up to κ = 1e6; at 1e7 the residual certificate (≈ eps·κ² relative) fails and the SVD answers
+    assert fast.method == ("gram" if kappa <= 1e6 else "svd")
+    assert fast.rank == min(n, m) == int(torch.linalg.matrix_rank(psi))
+    assert fast.full_rank == (n <= m)
+    assert fast.sigma_min == pytest.approx(s[-1], rel=1e-6) and fast.sigma_max == pytest.approx(1.0, rel=1e-6)
+    assert fast.condition_number == pytest.approx(float(exact[0] / exact[-1]), rel=1e-6)
+
+
+def test_fast_route_clustered_spectrum(fast_everywhere):
+    # 60 equal smallest values, 40 equal largest ones: no gap inside either cluster for Krylov to use
+    s = np.concatenate([np.full(40, 2.0), np.logspace(0, -2, 200), np.full(60, 3e-5)])
+    psi = matrix_with_singular_values(s, 300, 330, seed=11)
+    fast = psi_spectrum(psi)
+    assert fast.method == "gram" and fast.rank == 300
+    assert fast.sigma_min == pytest.approx(3e-5, rel=1e-6) and fast.sigma_max == pytest.approx(2.0, rel=1e-6)
+    torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 3e-5), rtol=1e-6, atol=0)
+
+
+def test_fast_route_falls_back_beyond_the_gram_matrix(fast_everywhere):
+    # κ = 1e11: the Gram matrix (κ² = 1e22) cannot resolve the tail; rank 300 nonetheless, by the exact route
+    s = np.logspace(0, -11, 300)
+    psi = matrix_with_singular_values(s, 300, 340, seed=5)
+    fast, full = psi_spectrum(psi), psi_spectrum(psi, "full")
+    assert fast.method == "svd" and fast.rank == full.rank == int(torch.linalg.matrix_rank(psi)) == 300
+    assert fast.sigma_min == pytest.approx(1e-11, rel=1e-3)
+
+
+def test_fast_route_deficient_bound_is_below_tolerance_and_above_the_truth(fast_everywhere):
+    s = np.concatenate([np.logspace(0, -4, 500), np.zeros(100)])
+    psi = matrix_with_singular_values(s, 600, 700, seed=2)
+    fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
+    assert fast.method == "gram" and fast.rank == 500 == int(torch.linalg.matrix_rank(psi))
+    assert float(exact[500]) <= fast.sigma_min < fast.tolerance

@@ -116,12 +116,12 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     same keys. Skipped during sanity checking and ``fast_dev_run``.
 
     Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and σ_min, σ_max and the rank
-    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default a full SVD (all singular values), with
-    ``spectrum="fast"`` its route without one (pivoted Cholesky of the Gram matrix, Lanczos and an exact
-    Rayleigh–Ritz step, checked, exact fallback; the figure shows the largest and smallest singular values),
-    which measured 2.2× faster on a near-deficient 10,000×12,000 Ψ but slower than the SVD on a full-rank one
-    (``benchmarks/results/psi_rank.md``). Above the limit, Ψ is never held: the R factor of a QR factorisation
-    of Ψ (M×M, when M <= N,
+    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default (``spectrum="fast"``) without a full SVD
+    (Gram matrix, Cholesky, block Krylov with triangular solves, Rayleigh–Ritz with Ψ itself and residual
+    certificates; a pivoted Cholesky and a probabilistic bound on the remainder when Ψ is rank-deficient; the full
+    SVD whenever a certificate fails; the figure shows the largest and smallest singular values it has), with
+    ``spectrum="full"`` by a full SVD (all singular values); timings in ``benchmarks/results/psi_rank.md``.
+    Above the limit, Ψ is never held: the R factor of a QR factorisation of Ψ (M×M, when M <= N,
     updated over batches of rows in one pass over the data) or of Ψᵀ (N×N, when M > N, updated over column
     chunks of Ψ, one pass per chunk) is accumulated in float64 and its singular values, which are Ψ's,
     are taken; only ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit are held.
@@ -152,8 +152,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: Largest Ψ (``8·N·M`` bytes) to assemble; above it the streaming QR route is taken.
         log_figure: Send the spectrum figure to the loggers (or files).
         prefix: Prefix of the logged keys and the figure tag.
-        spectrum: ``"full"`` (all singular values, a full SVD) or ``"fast"`` (σ_min, σ_max and the rank without
-            a full SVD; see Memory for when it pays).
+        spectrum: ``"fast"`` (default: σ_min, σ_max and the rank without a full SVD, certified, SVD fallback) or
+            ``"full"`` (all singular values, a full SVD).
 
     Raises:
         ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``, an unknown
@@ -177,7 +177,7 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: int = 2**30,
         log_figure: bool = True,
         prefix: str = "psi/",
-        spectrum: Literal["full", "fast"] = "full",
+        spectrum: Literal["full", "fast"] = "fast",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
         if spectrum not in SPECTRA:
