@@ -232,3 +232,75 @@ def test_hook_bookkeeping_attributes_skip_module_setattr():
 
     conv = ConvFCNet(in_channels=1, image_size=8, fc_depth=1, fc_width=4, conv_channels=2)
     assert isinstance(model, PlainHookAttributes) and isinstance(conv, PlainHookAttributes)
+
+
+class _HookCounts(Callback):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        self._count("batch_end")
+
+    def on_before_backward(self, *args, **kwargs) -> None:
+        self._count("before_backward")
+
+    def on_after_backward(self, *args, **kwargs) -> None:
+        self._count("after_backward")
+
+    def on_before_optimizer_step(self, *args, **kwargs) -> None:
+        self._count("before_optimizer_step")
+
+
+def _fit_opt(tmp_path, manual, max_epochs=2, ckpt_path=None, **kwargs):
+    pl.seed_everything(0, verbose=False)
+    model = LeakyReLUMLP(widths=[16, 16], lr=0.05, manual_optimization=manual, **kwargs)
+    hooks = _HookCounts()
+    trainer = _trainer(tmp_path, max_epochs, limit_val_batches=0, callbacks=[hooks])
+    trainer.fit(model, datamodule=DigitsDataModule(m=120, batch_size=25, seed=3), ckpt_path=ckpt_path)
+    return model, trainer, hooks.counts
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_manual_optimization_gives_the_automatic_weights_bit_for_bit(tmp_path, optimizer):
+    auto, auto_trainer, auto_hooks = _fit_opt(tmp_path / "a", False, optimizer=optimizer)
+    manual, manual_trainer, manual_hooks = _fit_opt(tmp_path / "m", True, optimizer=optimizer)
+    assert not manual.automatic_optimization and auto.automatic_optimization
+    for a, b in zip(auto.state_dict().values(), manual.state_dict().values()):
+        assert torch.equal(a, b)
+    assert manual_trainer.global_step == auto_trainer.global_step == 2 * 5
+    assert manual_hooks == auto_hooks == {k: 10 for k in ("batch_end", "before_backward", "after_backward",
+                                                          "before_optimizer_step")}
+    for key in ("train_loss", "train_error_running"):
+        assert float(manual_trainer.callback_metrics[key]) == float(auto_trainer.callback_metrics[key])
+
+
+def test_manual_optimization_refuses_schedulers_and_a_switch_on_resume(tmp_path):
+    class WithScheduler(LeakyReLUMLP):
+        def configure_optimizers(self):
+            optimizer = super().configure_optimizers()
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1)]
+
+    trainer = _trainer(tmp_path, 1, limit_val_batches=0)
+    with pytest.raises(ValueError, match="does not step LR schedulers"):
+        trainer.fit(WithScheduler(widths=[4], manual_optimization=True), datamodule=DigitsDataModule(m=50))
+    _, trainer, _ = _fit_opt(tmp_path / "auto", False, max_epochs=1)
+    trainer.save_checkpoint(tmp_path / "auto.ckpt")
+    with pytest.raises(ValueError, match="saved with manual_optimization=False"):
+        _fit_opt(tmp_path / "resume", True, ckpt_path=tmp_path / "auto.ckpt")
+    model = LeakyReLUMLP.load_from_checkpoint(tmp_path / "auto.ckpt", manual_optimization=True)  # no fit: fine
+    assert not model.automatic_optimization
+    resumed, trainer, _ = _fit_opt(tmp_path / "resume", False, ckpt_path=tmp_path / "auto.ckpt")
+    assert trainer.global_step == 10
+
+
+def test_manual_optimization_resumes_as_the_uninterrupted_run(tmp_path):
+    whole, whole_trainer, _ = _fit_opt(tmp_path / "whole", True, max_epochs=2)
+    _, first, _ = _fit_opt(tmp_path / "first", True, max_epochs=1)
+    first.save_checkpoint(tmp_path / "manual.ckpt")
+    resumed, trainer, _ = _fit_opt(tmp_path / "resumed", True, max_epochs=2, ckpt_path=tmp_path / "manual.ckpt")
+    assert trainer.global_step == whole_trainer.global_step == 10
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
