@@ -28,7 +28,7 @@ SMALL_SIDE = 256
 #: The fast route trusts a rank decision only with singular values at least this factor from the tolerance.
 RANK_MARGIN = 10.0
 #: Largest certified relative error of a singular value the fast route reports (else it works on or falls back).
-CERT_RTOL = 1e-4
+CERT_RTOL = 1e-6
 #: Block sizes of the Krylov spaces for the smallest and the largest singular values.
 BOTTOM_BLOCK, TOP_BLOCK = 32, 16
 #: Krylov blocks at most, blocks between two looks at the Ritz pairs, Ritz vectors beyond the reported ones that go
@@ -97,6 +97,10 @@ class PsiSpectrum:
     num_units: int
     method: str = "svd"
     singular_values: Tensor | None = None
+    #: Fast route: the certified bounds on |σ − reported| of ``top[0]`` (σ_max) and ``bottom[-1]`` (σ_min, when
+    #: the rank is full; else None, ``bottom`` being itself a bound). None from the SVD routes.
+    sigma_max_error: float | None = None
+    sigma_min_error: float | None = None
 
     @property
     def sigma_max(self) -> float:
@@ -265,32 +269,46 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
     ``Bᵀ u = μ y`` holds exactly and ``r = B y − μ u`` gives ``‖B Bᵀ u − μ² u‖ = μ ‖r‖``. So
 
     - some singular value of B lies within ``‖r‖`` of μ (linear bound, always valid);
-    - the ``j`` Ritz values nearest the end of the spectrum are within ``‖R_j‖_F² / δ_j`` (in σ²) of ``j``
+    - each value is within ``μ ‖r‖² / δ`` of a singular value, δ the gap (in σ²) to its neighbours (Kato–Temple);
+    - the ``j`` Ritz values nearest the end of the spectrum are within ``‖R_j‖₂² / δ_j`` (in σ²) of ``j``
       eigenvalues of ``B Bᵀ``, ``R_j`` their block residual and ``δ_j`` the gap to the rest of the spectrum
       (quadratic residual bound for a cluster, Mathias 1998 / Li & Li 2005). ``δ_j`` is taken from the next Ritz
       value and ``estimates`` (the Krylov operator's eigenvalue estimates of σ², same order): this assumes that the
       subspace holds every singular value up to there, the assumption of any Krylov eigensolver.
 
-    The error of each of the first ``count`` values is the smaller bound (the best ``j >= count``), at least
+    The error of each value is the smallest of these bounds (the best window ``j`` that holds it), at least
     ``8·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
     x = torch.linalg.qr(x).Q
     full = x if rows is None else torch.zeros(b.shape[0], x.shape[1], dtype=x.dtype).index_copy_(0, rows, x)
     left, mu, right_t = torch.linalg.svd(b.T @ full, full_matrices=False)  # W = Bᵀ X, μ descending
     u = x @ right_t.T
     by = b @ left
-    resid = torch.linalg.vector_norm((by if rows is None else by[rows]) - u * mu, dim=0)
+    res = (by if rows is None else by[rows]) - u * mu  # r_i = B y_i − μ_i u_i
     if smallest:
-        mu, resid, u = mu.flip(0), resid.flip(0), u.flip(1)
+        mu, res, u = mu.flip(0), res.flip(1), u.flip(1)
+    resid = torch.linalg.vector_norm(res, dim=0)
     lam = mu**2
     est = estimates[:len(mu)]
-    block = torch.cumsum((mu * resid) ** 2, 0)  # ‖R_j‖_F² of the first j + 1
-    best = math.inf
-    for j in range(count, len(mu)):  # window: the first j values; the next one bounds the gap
-        nxt = min(float(lam[j]), float(est[j])) if smallest else max(float(lam[j]), float(est[j]))
-        gap = abs(nxt - float(lam[j - 1]))
-        if gap > 2 * math.sqrt(float(block[j - 1])):
-            best = min(best, float(block[j - 1]) / gap)
-    errors = torch.minimum(resid, best / mu.clamp_min(1e-300)).clamp_min(8 * EPS64 * sigma_max)
+    # neighbours' σ² on either side (the next Ritz value or the Krylov estimate, whichever is nearer)
+    nxt = torch.minimum(lam, est) if smallest else torch.maximum(lam, est)
+    c = len(mu)
+    scaled = res * mu  # block residual R of B Bᵀ: columns μ_i r_i
+    gram_r = scaled.T @ scaled
+    window = torch.full((c,), math.inf, dtype=torch.float64)  # window[j]: bound for the first j + 1 values
+    for j in range(1, c):  # window: the first j values; the next one bounds the gap
+        gap = abs(float(nxt[j]) - float(lam[j - 1]))
+        norm2 = float(torch.linalg.eigvalsh(gram_r[:j, :j])[-1].clamp_min(0))  # ‖R_j‖₂²
+        if gap > 2 * math.sqrt(norm2):
+            window[j - 1] = norm2 / gap
+    best = window.flip(0).cummin(0).values.flip(0)  # value i: the best window that holds it
+    errors = torch.minimum(resid, best / mu.clamp_min(1e-300))
+    for i in range(min(count, c - 1)):  # one value at a time (Kato–Temple), gap to both neighbours
+        gap = abs(float(nxt[i + 1]) - float(lam[i]))
+        if i > 0:
+            gap = min(gap, abs(float(lam[i]) - float(lam[i - 1])))
+        if gap > 2 * float(mu[i] * resid[i]):
+            errors[i] = min(float(errors[i]), float(mu[i] * resid[i] ** 2 / gap))
+    errors = errors.clamp_min(8 * EPS64 * sigma_max)
     return _Ritz(mu, errors, u)
 
 
@@ -431,7 +449,8 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
     if factor is not None:  # rank N unless σ_min says otherwise
         bottom = _bottom_singular(b, factor, None, count, sigma_max, gen)
         if bottom is not None and float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
-            return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram")
+            return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram", None,
+                               float(top.errors[0]), float(bottom.errors[0]))
     del factor
     # rank-revealing: head rows of a pivoted Cholesky factorisation, remainder of the others
     pivoted, piv, rank, info = sl.lapack.dpstrf(gram.numpy().T, lower=1, tol=PIVOT_TOL * float(gram.diagonal().max()))
@@ -444,11 +463,13 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
     if bottom is None or float(bottom.values[0] - bottom.errors[0]) <= RANK_MARGIN * tol:
         return _exact_spectrum(b, n, m, num_extremes)
     if len(tail) == 0:
-        return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram")
+        return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram", None,
+                           float(top.errors[0]), float(bottom.errors[0]))
     bound = _remainder_bound(b, gram, head_factor, head, tail, sigma_max, float(bottom.values[0] - bottom.errors[0]), gen)
     if bound >= tol:
         return _exact_spectrum(b, n, m, num_extremes)
-    return PsiSpectrum(top.values[:count], torch.tensor([bound], dtype=torch.float64), rank, tol, n, m, "gram")
+    return PsiSpectrum(top.values[:count], torch.tensor([bound], dtype=torch.float64), rank, tol, n, m, "gram", None,
+                       float(top.errors[0]))
 
 
 def _exact_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
