@@ -268,6 +268,7 @@ def test_manual_optimization_gives_the_automatic_weights_bit_for_bit(tmp_path, o
     auto, auto_trainer, auto_hooks = _fit_opt(tmp_path / "a", False, optimizer=optimizer)
     manual, manual_trainer, manual_hooks = _fit_opt(tmp_path / "m", True, optimizer=optimizer)
     assert not manual.automatic_optimization and auto.automatic_optimization
+    assert manual.hparams.manual_optimization and "manual_optimization" not in auto.hparams  # saved when set
     for a, b in zip(auto.state_dict().values(), manual.state_dict().values()):
         assert torch.equal(a, b)
     assert manual_trainer.global_step == auto_trainer.global_step == 2 * 5

@@ -93,7 +93,9 @@ class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
             raise ValueError(f"`init_std` must be positive or None, got {init_std}")
         if num_classes < 1:
             raise ValueError(f"`num_classes` must be a positive integer, got {num_classes}")
-        self.save_hyperparameters()
+        # manual_optimization is saved only when set: subclasses without the argument (ConvFCNet) are rebuilt
+        # from their hparams, and a checkpoint without it was saved under automatic optimisation
+        self.save_hyperparameters(ignore=[] if manual_optimization else ["manual_optimization"])
         self.net = mlp_sequential(in_features, list(widths), num_classes, "leaky_relu", beta, gamma, bias)
         if init_std is not None:
             for layer in self.net:
