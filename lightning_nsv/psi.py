@@ -188,21 +188,28 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
          are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
          ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
          bound on each reported value is below ``CERT_RTOL`` relative and σ_min is ``RANK_MARGIN`` times above
-         the tolerance: rank k. The residual of a floating-point Ritz vector is about ``eps·κ²`` relative, so the
-         certificate holds up to κ ≈ 10⁶–10⁷ (the values themselves are accurate to ~1e-10 there).
+         the tolerance: rank k. A floating-point Ritz vector u carries rounding of about eps along the large
+         singular directions, which ``y = Bᵀu/μ`` amplifies: ‖r‖/μ is at least about ``eps·κ²``. The quadratic
+         bounds turn that into about ``(eps·κ²)² / gap``, so on a dense spectrum (no gap) the certificate reaches
+         ``CERT_RTOL`` up to κ ≈ 10⁶, with a gap further (κ = 10⁸ for a separated cluster); beyond, the exact
+         route answers. The values themselves are accurate to about ``eps·σ_max`` absolute (~1e-10 relative at
+         κ = 10⁶), as the SVD's.
       3. Otherwise (G not positive definite, or no certificate): a pivoted Cholesky factorisation of G
          (``dpstrf``) splits the rows into ``head`` (pivots above ``PIVOT_TOL``) and ``tail``. The head's smallest
          singular value (step 2 on its rows) is a lower bound of ``σ_head(B)`` (interlacing: rank ≥ head); a
          randomised bound (Gaussian probes, computed with B, fails with probability ``2^-NORM_PROBES``) on the
          remainder of the tail rows orthogonal to the head rows bounds ``σ_{head+1}(B)`` from above: rank ≤ head
          when it is below the tolerance. Row operations change singular values, so only these two inequalities
-         are used; ``bottom`` then holds that one bound (σ_min is at most it).
+         are used; ``bottom`` then holds that one bound (σ_min is at most it). One term of the bound, the error of
+         the Gram matrix's least-squares coefficients on an already tiny vector, is an estimate
+         (:func:`_remainder_bound`).
       4. Any check that fails: ``torch.linalg.svdvals`` of Ψ (``method="svd"``, all singular values), as
          below ``SMALL_SIDE`` rows.
 
       What is assumed, as by any Krylov eigensolver: the Krylov space started from a random block holds every
       singular value between the reported ones and the gap used (convergence is checked, not proven). Memory:
-      Ψ plus two or three k×k float64.
+      Ψ plus two or three k×k float64. ``sigma_min_error`` and ``sigma_max_error`` hold the certified bounds.
+
     Args:
         psi: N×M matrix (tensor or array) of skip-unit outputs on the training set.
         spectrum: ``"fast"`` or ``"full"``.
@@ -262,7 +269,7 @@ class _Ritz:
 
 
 def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, smallest: bool, count: int,
-                estimates: Tensor) -> _Ritz:
+                estimates: Tensor, half_solve: Callable[[Tensor], Tensor] | None = None) -> _Ritz:
     """Rayleigh–Ritz with the exact B (or its ``rows``) on ``span(x)``, certified by exact residuals.
 
     ``W = Bᵀ X`` (X orthonormal) has the Ritz values μ as singular values, ``W = Y diag(μ) Zᵀ``; with ``u = X z``,
@@ -275,6 +282,17 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
       (quadratic residual bound for a cluster, Mathias 1998 / Li & Li 2005). ``δ_j`` is taken from the next Ritz
       value and ``estimates`` (the Krylov operator's eigenvalue estimates of σ², same order): this assumes that the
       subspace holds every singular value up to there, the assumption of any Krylov eigensolver.
+
+    - smallest values, with ``half_solve`` (``x -> L⁻¹ x``, L the Cholesky factor of the computed Gram matrix
+      ``G̃ = L Lᵀ``): for the first j Ritz values μ_1 <= ... <= μ_j and ``β <= σ_{j+1}²``,
+      ``0 <= μ_i² − σ_i² <= (β / (β − μ_j²))² · Σ_{i<=j} ‖S_i‖²_{A⁻¹}`` for every i <= j, with ``A = B Bᵀ`` and
+      ``S_i = μ_i r_i`` its residuals (the error of the trace of the Ritz values is a sum over the eigenvectors
+      outside the first j of ``‖D_f‖² (λ_f − λ_1)``, and ``‖D_f‖ <= ‖(S)_f‖ / (λ_f − μ_j²)``). The ``A⁻¹``-norm
+      weighs each residual component by ``1/λ_f``: the rounding a floating-point Ritz vector carries along the
+      large singular directions, which makes ``‖r‖`` about ``eps·κ²·μ``, hardly counts, so this bound stays near
+      ``eps²κ²`` where the others give ``(eps·κ²)²/gap``. ``‖S‖²_{A⁻¹} <= (1 + η)‖L⁻¹ S‖²`` with η the
+      Gram matrix's relative error, estimated as 10 times the largest disagreement between the Krylov estimates
+      and the Ritz values of the window (at least 1e-3; the bound is not used beyond η = 0.1).
 
     The error of each value is the smallest of these bounds (the best window ``j`` that holds it), at least
     ``8·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
@@ -302,6 +320,19 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
             window[j - 1] = norm2 / gap
     best = window.flip(0).cummin(0).values.flip(0)  # value i: the best window that holds it
     errors = torch.minimum(resid, best / mu.clamp_min(1e-300))
+    if half_solve is not None and smallest and c > 1:
+        eta = 10 * float(((est[:c] - lam) / lam.clamp_min(1e-300)).abs().max())
+        eta = max(eta, 1e-3)
+        if eta <= 0.1:
+            weighted = torch.cumsum(lam * torch.linalg.vector_norm(half_solve(res), dim=0) ** 2 * (1 + eta), 0)
+            energy = torch.full((c,), math.inf, dtype=torch.float64)
+            for j in range(1, c):
+                beta = float(nxt[j]) * (1 - eta)
+                if beta > float(lam[j - 1]):
+                    energy[j - 1] = (beta / (beta - float(lam[j - 1]))) ** 2 * float(weighted[j - 1])
+            energy = energy.flip(0).cummin(0).values.flip(0)  # σ² error of value i: best window holding it
+            low = (lam - energy).clamp_min(0).sqrt()
+            errors = torch.minimum(errors, mu - low)
     for i in range(min(count, c - 1)):  # one value at a time (Kato–Temple), gap to both neighbours
         gap = abs(float(nxt[i + 1]) - float(lam[i]))
         if i > 0:
@@ -318,9 +349,8 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
     positive operator ``apply`` on R^dim. Every ``KRYLOV_CHECK`` blocks the Ritz pairs of the Krylov space are
     formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` their vectors (and a few
     more) and eigenvalue estimates go to ``accept`` (the exact certificate), whose answer, when not None, is
-    returned. None when the space
-    is exhausted or ``KRYLOV_MAX_STEPS`` blocks are spent, or when the operator's own residuals are at rounding
-    level and ``accept`` still refuses (more steps would not help)."""
+    returned. None when the space is exhausted or ``KRYLOV_MAX_STEPS`` blocks are spent, or when the operator's
+    own residuals are at rounding level and ``accept`` still refuses (more steps would not help)."""
     block = min(block, dim)
     q = _orthonormal(torch.randn(dim, block, generator=gen, dtype=torch.float64))
     basis, images = [q], []
@@ -367,12 +397,15 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     solve = _solve_lower(factor)
     size = factor.shape[0]
 
+    def half(v: Tensor) -> Tensor:
+        return torch.linalg.solve_triangular(factor, v, upper=False)
+
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
-        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, 1 / theta)
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, 1 / theta, half)
         for _ in range(POLISH_STEPS):
             if ritz.certified(count):
                 break
-            ritz = _exact_ritz(b, solve(ritz.vectors), rows, sigma_max, True, count, 1 / theta)
+            ritz = _exact_ritz(b, solve(ritz.vectors), rows, sigma_max, True, count, 1 / theta, half)
         return ritz if ritz.certified(count) else None
 
     return _krylov_largest(solve, size, BOTTOM_BLOCK, count, accept, gen)

@@ -216,6 +216,11 @@ def test_fast_route_full_rank_up_to_kappa_1e7(kappa, shape, fast_everywhere):
     assert fast.full_rank == (n <= m)
     assert fast.sigma_min == pytest.approx(s[-1], rel=1e-6) and fast.sigma_max == pytest.approx(1.0, rel=1e-6)
     assert fast.condition_number == pytest.approx(float(exact[0] / exact[-1]), rel=1e-6)
+    if fast.method == "gram":  # the certified bounds hold and meet CERT_RTOL
+        assert abs(fast.sigma_min - s[-1]) <= fast.sigma_min_error <= 1e-6 * fast.sigma_min
+        assert abs(fast.sigma_max - 1.0) <= fast.sigma_max_error <= 1e-6
+    else:
+        assert fast.sigma_min_error is None and fast.singular_values is not None
 
 
 def test_fast_route_clustered_spectrum(fast_everywhere):
