@@ -276,6 +276,8 @@ class InputGramCache:
 
     def rows_view(self, x: Tensor, idx: Tensor) -> Tensor:
         """:meth:`rows`, but the cache's own block when it holds exactly these rows (read it, do not write it)."""
+        if not len(idx):
+            return x.new_empty(0, x.shape[0])
         missing = idx[self._slot[idx] < 0]
         if len(torch.unique(missing)) != len(missing):
             missing = torch.unique(missing)
