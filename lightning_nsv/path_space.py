@@ -353,15 +353,15 @@ class PathKernelColumns:
     def __len__(self) -> int:
         return self.x.shape[0]
 
-    def slope_gram(self, layer: int, idx: Tensor) -> Tensor:
-        """``G_l[idx, :]`` (transposed: rows are the requested samples)."""
+    def slope_gram(self, layer: int, idx: Tensor, part: slice = slice(None)) -> Tensor:
+        """``G_l[idx, part]`` (transposed: rows are the requested samples; ``part`` a range of samples)."""
         p, c = self.indicators[layer], self.counts[layer]
         beta, gamma = self.betas[layer], self.gammas[layer]
-        gram = (p[idx] @ p.T).to(self.x.dtype)
+        gram = (p[idx] @ p[part].T).to(self.x.dtype)
         if beta == 0.0:
             return gram.mul_(gamma * gamma) if gamma != 1.0 else gram
         gram.mul_((gamma - beta) ** 2)
-        gram += beta * (gamma - beta) * (c[idx][:, None] + c[None, :])
+        gram += beta * (gamma - beta) * (c[idx][:, None] + c[part][None, :])
         return gram.add_(beta * beta * p.shape[1])
 
     def _integer_counts(self) -> bool:
@@ -374,24 +374,28 @@ class PathKernelColumns:
         """``K[idx, :] = K[:, idx]ᵀ``, shape ``(len(idx), m)``, on the device of ``x``."""
         return self._rows(torch.as_tensor(idx, dtype=torch.long, device=self.x.device))
 
-    def _rows(self, idx: Tensor, signs: Tensor | None = None, factor: float = 1.0) -> Tensor:
-        """``factor · s_idx s_jᵀ ∘ K[idx, :]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor.
+    def _rows(self, idx: Tensor, signs: Tensor | None = None, factor: float = 1.0,
+              part: slice | None = None) -> Tensor:
+        """``factor · s_idx s_jᵀ ∘ K[idx, part]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor;
+        ``part``: a range of samples ``j`` (default all; the input-Gram cache serves full rows only).
 
         ReLU-type layers without biases take the signs into the last layer's indicator product (exact integer
         counts ``±Π P_l P_lᵀ``) and scale the input Gram once: one pass over the ``b×m`` block after the products."""
-        if self.input_gram_cache is None:
-            input_gram = self.x[idx] @ self.x.T
+        cache = self.input_gram_cache if part is None else None
+        part = slice(None) if part is None else part
+        if cache is None:
+            input_gram = self.x[idx] @ self.x[part].T
         else:
-            input_gram = self.input_gram_cache.rows_view(self.x, idx)
-        shared = self.input_gram_cache is not None and self.input_gram_cache.shares(input_gram)
+            input_gram = cache.rows_view(self.x, idx)
+        shared = cache is not None and cache.shares(input_gram)
         if self._integer_counts() and self.indicators:
             counts = product = None
             for layer, p in enumerate(self.indicators):
                 right = p if signs is None or layer < len(self.indicators) - 1 else p * signs.to(p.dtype)[:, None]
                 if counts is None:
-                    counts = right[idx] @ right.T
+                    counts = right[idx] @ right[part].T
                 else:
-                    product = torch.mm(right[idx], right.T, out=product)  # one buffer for every later layer
+                    product = torch.mm(right[idx], right[part].T, out=product)  # one buffer for every later layer
                     counts.mul_(product)
             factor *= math.prod(g * g for g in self.gammas)
             zero = torch.zeros((), dtype=input_gram.dtype, device=input_gram.device)
@@ -402,18 +406,23 @@ class PathKernelColumns:
         if self._integer_counts():  # no hidden layer: the input Gram alone
             kernel = input_gram
         else:
-            kernel = _combine(input_gram, [self.slope_gram(k, idx) for k in range(len(self.indicators))], self.bias)
+            kernel = _combine(input_gram, [self.slope_gram(k, idx, part) for k in range(len(self.indicators))],
+                              self.bias)
         if signs is not None:
-            kernel.mul_(signs.to(kernel.dtype)[None, :]).mul_(signs[idx].to(kernel.dtype)[:, None])
+            kernel.mul_(signs[part].to(kernel.dtype)[None, :]).mul_(signs[idx].to(kernel.dtype)[:, None])
         return kernel.mul_(factor) if factor != 1.0 else kernel
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order: what the active-set solver
         of :func:`~lightning_nsv.max_margin.max_margin` asks for (labels ``s`` in ``±1``)."""
+        return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
+
+    def signed_rows(self, idx, signs, scale: float, part: slice | None = None) -> Tensor:
+        """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""
         device = self.x.device
         idx = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=device)
         signs = torch.as_tensor(np.asarray(signs), dtype=self.x.dtype, device=device)
-        return self._rows(idx, signs, 1.0 / scale).to("cpu", torch.float64).numpy().T
+        return self._rows(idx, signs, 1.0 / scale, part)
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from lightning_nsv.path_space import (
     path_signs,
     unique_patterns,
 )
+from lightning_nsv.sharded import ColumnSharing, serve
 
 __all__ = [
     "NonFiniteError",
@@ -34,6 +35,7 @@ __all__ = [
     "compression_bound",
     "max_margin_decision",
     "network_support_vectors",
+    "serve_kernel_columns",
     "signed_labels",
 ]
 
@@ -214,6 +216,7 @@ def network_support_vectors(
     block_size: int | None = None,
     initial: Sequence[int] | np.ndarray | Tensor | None = None,
     cache: InputGramCache | None = None,
+    sharing: ColumnSharing | None = None,
 ) -> SupportVectorAnalysis:
     """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
@@ -241,6 +244,9 @@ def network_support_vectors(
             training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
             those of this analysis's support (``8·m·s`` bytes; up to ``8·m·s'`` during the analysis) and warm
             starts the next one from that support. Used with kernel columns only.
+        sharing: a :class:`~lightning_nsv.sharded.ColumnSharing` of the root rank of a ``torch.distributed``
+            group: the kernel columns are computed by every rank of the group on its shard of the rows (the other
+            ranks run :func:`serve_kernel_columns` on the same inputs meanwhile); ``cache`` is then not used.
 
     Raises:
         NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
@@ -277,6 +283,8 @@ def network_support_vectors(
         svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C)
     else:
+        if sharing is not None:
+            cache = None
         columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias,
                                     input_gram_cache=cache)
         if initial is None and cache is not None and len(cache):
@@ -285,7 +293,8 @@ def network_support_vectors(
             initial = torch.argsort(y * outputs)[: int(math.sqrt(m))].cpu().numpy()
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias)
-        svm = max_margin(columns, y, kernel_diag=diag.cpu().numpy(), initial=initial)
+        svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
+                         initial=initial)
         if cache is not None:
             cache.keep(svm.support_)
 
@@ -313,6 +322,18 @@ def network_support_vectors(
         _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
         analysis.update(_validation(on_device, x_train, slopes_train, y, svm, x_val.to(device), y_val, block_size))
     return SupportVectorAnalysis(**analysis)
+
+
+def serve_kernel_columns(net: PathNetwork, x_train: Tensor, *, group: Any = None, root: int = 0) -> int:
+    """The other ranks' side of :func:`network_support_vectors` with ``sharing``: compute the kernel columns the
+    root asks for, on this rank's shard of the rows of the same ``net`` and ``x_train``, until the root's
+    :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of column blocks computed."""
+    x_train = x_train.reshape(len(x_train), -1).to(net.dtype)
+    on_device = _network_on(net, x_train.device)
+    slopes_train = forward_with_slopes(on_device, x_train)[1]
+    columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas,
+                                bias=net.biases is not None)
+    return serve(columns, group, root)
 
 
 def _network_on(net: PathNetwork, device: torch.device) -> PathNetwork:

@@ -3,13 +3,24 @@ import json
 import sys
 
 
+import lightning_nsv.callbacks.network_support_vectors as callback_module
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.models import LeakyReLUMLP
 
+SERVED = []
+
+
+def counted_serve(*args, **kwargs):
+    SERVED.append(callback_module.serve_kernel_columns_uncounted(*args, **kwargs))
+    return SERVED[-1]
+
+
 if __name__ == "__main__":
     out = sys.argv[1]
+    callback_module.serve_kernel_columns_uncounted = callback_module.serve_kernel_columns
+    callback_module.serve_kernel_columns = counted_serve  # rank 1: the column blocks it computed for rank 0
     pl.seed_everything(0)
     callback = NetworkSupportVectors(save_dir=f"{out}/nsv")
     trainer = pl.Trainer(max_epochs=60, accelerator="cpu", devices=2, strategy="ddp", callbacks=[callback],
@@ -20,4 +31,4 @@ if __name__ == "__main__":
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump({"zero_error_epoch": callback.zero_error_epoch, "metrics": callback.metrics,
                    "analysed_here": callback.analysis is not None, "stopped_after": trainer.current_epoch,
-                   "val_loss": float(trainer.callback_metrics["val_loss"])}, f)
+                   "val_loss": float(trainer.callback_metrics["val_loss"]), "served": SERVED}, f)

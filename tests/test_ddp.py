@@ -22,6 +22,7 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
     assert rank0["stopped_after"] == rank1["stopped_after"] == rank0["zero_error_epoch"] + 1
     assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
     assert rank0["analysed_here"] and not rank1["analysed_here"]
+    assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1 computed columns
     assert rank0["val_loss"] == rank1["val_loss"]  # an epoch aggregate synchronised across ranks
     results = list((tmp_path / "nsv").glob("*.pt"))
     assert len(results) == 1

@@ -1,6 +1,7 @@
 """Network support vectors of a Leaky-ReLU-family classifier, as soon as it reaches zero training error."""
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +25,11 @@ from lightning_nsv.support_vectors import (
     KERNEL_MODES,
     SupportVectorAnalysis,
     network_support_vectors,
+    serve_kernel_columns,
     signed_labels,
     uses_dense_kernel,
 )
+from lightning_nsv.sharded import ColumnSharing
 
 __all__ = ["NetworkSupportVectors"]
 
@@ -62,7 +65,8 @@ class NetworkSupportVectors(Callback):
     A non-finite output (a diverged network, NaN/inf in the data) counts as a training error and is named in a
     warning (the parameter or the first sample index); no analysis runs and no file is written for it. Under
     DDP each rank checks its share of the training set, the decision is reduced across ranks, rank 0 runs the
-    analysis and broadcasts the numbers, and every rank logs them.
+    analysis and broadcasts the numbers, and every rank logs them; with kernel columns (binary head) every rank
+    computes its shard of the rows of each column block the solver asks for (:mod:`lightning_nsv.sharded`).
 
     Cost: by default only the ``m×s'`` float64 kernel columns of the ``s'`` samples that enter the solver's free
     set; ``kernel="dense"`` (and the intercept protocol) the whole ``m×m`` kernel, ``8·m²`` bytes (m = 20,000:
@@ -406,8 +410,12 @@ class NetworkSupportVectors(Callback):
             return False
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
+        share = self._shares_columns(trainer, net)
         if trainer.is_global_zero:
-            metrics = self._analyse(trainer, pl_module, dataset, net, directory)
+            with ColumnSharing() if share else contextlib.nullcontext() as sharing:
+                metrics = self._analyse(trainer, pl_module, dataset, net, directory, sharing)
+        elif share:  # the other ranks compute their shard of every kernel column block rank 0 asks for
+            serve_kernel_columns(net, self._embed_all(dataset, pl_module)[0])
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = self._current_epoch(trainer)
@@ -502,7 +510,13 @@ class NetworkSupportVectors(Callback):
         else:
             rank_zero_info(text)
 
-    def _analyse(self, trainer, pl_module, dataset, net, directory: Path) -> dict[str, float]:
+    def _shares_columns(self, trainer: pl.Trainer, net) -> bool:
+        """Under DDP the ranks compute the kernel columns of the binary columns path together."""
+        return (trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+                and net.num_outputs == 1 and not uses_dense_kernel(self.kernel, self.intercept))
+
+    def _analyse(self, trainer, pl_module, dataset, net, directory: Path,
+                 sharing: ColumnSharing | None = None) -> dict[str, float]:
         x_train, y_train = self._embedded_training_set(dataset, pl_module)
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
@@ -516,7 +530,7 @@ class NetworkSupportVectors(Callback):
         progress = _SolverBar(enabled=bar is not None and getattr(bar, "is_enabled", False))
         try:
             with solver_progress(progress):
-                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val)
+                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val, sharing)
         finally:
             progress.close()
         self.analysis = analysis
@@ -556,12 +570,12 @@ class NetworkSupportVectors(Callback):
             return None
         return int((previous != packed).any(1).sum())
 
-    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val):
+    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None):
         if net.num_outputs == 1:
             return network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
                 kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None, cache=self._gram_cache,
+                initial=self._previous_support or None, cache=self._gram_cache, sharing=sharing,
             )
         return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
                                           delta=self.delta)
