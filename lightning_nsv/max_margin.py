@@ -283,14 +283,14 @@ class _ColumnStore:
         self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
 
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
-        """``Q[:, F] @ alpha`` (torch's thread pool for the memory-bound products over all stored columns)."""
+        """``Q[:, F] @ alpha`` (numpy: its gemv on these Fortran-ordered blocks is several times torch's)."""
         weights = [np.zeros(block.shape[1]) for block in self._blocks]
         for (b, c), a in zip(self._where, alpha):
             weights[b][c] = a
-        out = torch.zeros(self.n, dtype=torch.float64)
+        out = np.zeros(self.n)
         for block, w in zip(self._blocks, weights):
-            out.addmv_(torch.from_numpy(block), torch.from_numpy(w))
-        return out.numpy()
+            out += block @ w
+        return out
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""

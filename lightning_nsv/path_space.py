@@ -297,9 +297,9 @@ class InputGramCache:
             return last
         out = last.new_empty(len(slots), last.shape[1])
         for start, block in zip(self._starts, self._blocks):
-            inside = (slots >= start) & (slots < start + len(block))
-            if bool(inside.any()):
-                out[inside] = block[slots[inside] - start]
+            positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
+            if len(positions):
+                out.index_copy_(0, positions, block.index_select(0, slots[positions] - start))
         return out
 
     def shares(self, rows: Tensor) -> bool:
