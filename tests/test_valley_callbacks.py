@@ -1,4 +1,5 @@
 """PsiRankMonitor and LossValleyMonitor in a Trainer: logged keys and values, figures, skipping, state, errors."""
+import dataclasses
 import re
 
 import pytest
@@ -53,6 +54,29 @@ def test_psi_rank_monitor_logs_the_spectrum(tmp_path):
     assert float(trainer.callback_metrics["psi/rank"]) == expected["rank"]
     assert (expected["num_samples"], expected["num_units"]) == (20.0, 24.0)
     assert figures == ["psi/spectrum"] * 2
+
+
+def test_psi_rank_monitor_takes_the_svd_for_a_while_after_the_fast_route_fell_back(monkeypatch):
+    import lightning_nsv.callbacks.psi_rank as module
+
+    routes, fallback_epochs = [], {0, 12}
+
+    def streaming(psi_blocks, n, m, max_memory_bytes, spectrum):
+        routes.append(spectrum)
+        result = psi_spectrum(torch.eye(n, m), "full")
+        # the fast route "fails to certify" in the analyses of `fallback_epochs` and answers by the SVD
+        method = "svd" if spectrum == "full" or len(routes) - 1 in fallback_epochs else "gram"
+        return dataclasses.replace(result, method=method)
+
+    monkeypatch.setattr(module, "psi_spectrum_streaming", streaming)
+    monkeypatch.setattr(module, "SMALL_SIDE", 0)
+    monkeypatch.setattr(module, "FAST_RETRY_AFTER", 3)
+    _fit(_model(), [PsiRankMonitor(log_figure=False)], max_epochs=14)
+    # fallback at analysis 0 -> SVD for 1-3, fast again at 4 .. 11; fallback at 12 -> SVD at 13
+    assert routes == ["fast", "full", "full", "full"] + ["fast"] * 9 + ["full"]
+    monitor = PsiRankMonitor(spectrum="full", log_figure=False)  # asked for: always the SVD, nothing to switch
+    _fit(_model(), [monitor], max_epochs=2)
+    assert routes[-2:] == ["full", "full"] and monitor.state_dict()["svd_until"] == 0
 
 
 def test_psi_rank_monitor_streams_when_psi_exceeds_the_limit():

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
+from lightning_nsv.psi import SMALL_SIDE, SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
@@ -106,6 +106,9 @@ class _SkipNetworkMonitor(Callback):
         self.last_metrics = dict(state_dict.get("last_metrics", self.last_metrics))
 
 
+FAST_RETRY_AFTER = 10  # analyses that take the SVD directly after the fast route fell back to it
+
+
 class PsiRankMonitor(_SkipNetworkMonitor):
     """Logs the numerical rank and spectrum of Ψ (N×M) of a :class:`~lightning_nsv.models.skip.SkipNetwork`.
 
@@ -152,8 +155,9 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         max_memory_bytes: Largest Ψ (``8·N·M`` bytes) to assemble; above it the streaming QR route is taken.
         log_figure: Send the spectrum figure to the loggers (or files).
         prefix: Prefix of the logged keys and the figure tag.
-        spectrum: ``"fast"`` (default: σ_min, σ_max and the rank without a full SVD, certified, SVD fallback) or
-            ``"full"`` (all singular values, a full SVD).
+        spectrum: ``"fast"`` (default: σ_min, σ_max and the rank without a full SVD, certified, SVD fallback;
+            after a fallback the next :data:`FAST_RETRY_AFTER` analyses take the SVD directly, since an
+            uncertifiable Ψ costs the fast route more than the SVD) or ``"full"`` (all singular values, a full SVD).
 
     Raises:
         ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``, an unknown
@@ -183,6 +187,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         if spectrum not in SPECTRA:
             raise ValueError(f"`spectrum` can be {', '.join(SPECTRA)}, got {spectrum!r}")
         self.spectrum = spectrum
+        self._svd_until = 0  # after a fallback of the fast route, the SVD directly up to this analysis
+        self._analyses = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # on every rank, so that all of them stop rather than wait for rank 0 at the broadcast
@@ -191,9 +197,27 @@ class PsiRankMonitor(_SkipNetworkMonitor):
 
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
         loader = _training_loader(self, trainer, self.batch_size)
-        spectrum = psi_spectrum_streaming(lambda cols: pl_module.iter_psi(loader, cols), len(loader.dataset),
-                                          pl_module.num_units, self.max_memory_bytes, self.spectrum)
+        n, m = len(loader.dataset), pl_module.num_units
+        self._analyses += 1
+        route = "full" if self.spectrum == "fast" and self._analyses <= self._svd_until else self.spectrum
+        spectrum = psi_spectrum_streaming(lambda cols: pl_module.iter_psi(loader, cols), n, m,
+                                          self.max_memory_bytes, route)
+        if route == "fast" and spectrum.method == "svd" and min(n, m) > SMALL_SIDE:
+            # a Ψ the fast route cannot certify (rank-deficient or nearly so) costs it more than the SVD it ends
+            # with; such a Ψ usually stays so for a while: the SVD directly for the next analyses, then retry
+            self._svd_until = self._analyses + FAST_RETRY_AFTER
+            rank_zero_info(f"{type(self).__name__}: the fast route could not certify σ_min and the rank of this "
+                           f"Ψ (N={n}, M={m}) and fell back to the full SVD; the next {FAST_RETRY_AFTER} analyses "
+                           "take the SVD directly, then the fast route is tried again")
         return {"spectrum": spectrum}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "analyses": self._analyses, "svd_until": self._svd_until}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._analyses = int(state_dict.get("analyses", self._analyses))
+        self._svd_until = int(state_dict.get("svd_until", self._svd_until))
 
     def _summary(self) -> list[str]:
         return [spectrum_summary(self.last_metrics)]
