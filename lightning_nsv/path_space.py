@@ -218,6 +218,9 @@ def path_kernel(
     return kernel
 
 
+RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)
+
+
 class InputGramCache:
     """Rows of the input Gram ``X Xᵀ`` kept between analyses of the same training inputs (a warm start).
 
@@ -283,6 +286,10 @@ class InputGramCache:
             missing = torch.unique(missing)
         self.misses += len(missing)
         self.hits += len(idx) - len(missing)
+        if len(missing) and len(idx) - len(missing) <= len(idx) // RECOMPUTE_HITS_BELOW \
+                and len(torch.unique(idx)) == len(idx):
+            # a few kept rows among new ones: recomputing them costs less than gathering the block together
+            missing = idx
         if len(missing):
             self._blocks.append(x[missing] @ x.T)
             self._starts.append(self.count)
