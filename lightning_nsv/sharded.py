@@ -6,8 +6,9 @@ training inputs and network (every DDP rank has the data set) and answer request
 root sends the stop: the root works inside ``with ColumnSharing(...)``, whose exit sends it exactly once, also when
 the root fails or never asks for a column.
 
-Messages are broadcasts of an int64 header ``[kind, b]`` (``kind`` 1: a block of ``b`` columns follows with
-its indices, the scale and, the first time, the labels; 0: stop), then a gather of ``(b, max shard)`` blocks
+Messages are broadcasts of an int64 header ``[kind, b, first]`` (``kind`` 2, once: every rank compares a
+fingerprint of its inputs and activation patterns with the root's, and the root raises if one differs; 1: a
+block of ``b`` columns follows with its indices, the scale and, the first time, the labels; 0: stop), then a gather of ``(b, max shard)`` blocks
 (gloo and NCCL both need equal shapes: shorter shards are padded). Each entry is computed exactly as one process
 computes it (:meth:`~lightning_nsv.path_space.PathKernelColumns.signed_rows` of a row range), so the solver sees
 the same columns up to the blocking of the products.
@@ -25,7 +26,7 @@ from lightning_nsv.path_space import PathKernelColumns
 
 __all__ = ["ColumnSharing", "ShardedKernelColumns", "message_device", "serve"]
 
-_REQUEST, _STOP = 1, 0
+_REQUEST, _STOP, _CHECK = 1, 0, 2
 
 
 class ShardedKernelColumns:
@@ -48,6 +49,8 @@ class ShardedKernelColumns:
         self.widest = max(s.stop - s.start for s in self.shards)
         self.device = message_device(group)
         self._signs: Tensor | None = None
+        if self.rank == root:
+            self._check_same_problem()
 
     def __len__(self) -> int:
         return len(self.columns)
@@ -82,6 +85,9 @@ class ShardedKernelColumns:
             self._broadcast(header)
             if int(header[0]) == _STOP:
                 return blocks
+            if int(header[0]) == _CHECK:
+                self._check_same_problem(int(header[1]))
+                continue
             idx = torch.zeros(int(header[1]), dtype=torch.long, device=self.device)
             self._broadcast(idx)
             scale = torch.zeros(1, dtype=torch.float64, device=self.device)
@@ -91,6 +97,31 @@ class ShardedKernelColumns:
                 self._broadcast(self._signs)
             self._gather(self._local(idx, float(scale[0])))
             blocks += 1
+
+    def _fingerprint(self) -> Tensor:
+        """``X r + Σ_l P_l r_l`` for fixed random ``r``: differs when a rank's inputs or activation patterns do."""
+        x, g = self.columns.x, torch.Generator().manual_seed(0)
+        summary = x.to(torch.float64) @ torch.randn(x.shape[1], generator=g, dtype=torch.float64).to(x.device)
+        for p in self.columns.indicators:
+            summary += p.to(torch.float64) @ torch.randn(p.shape[1], generator=g, dtype=torch.float64).to(x.device)
+        return summary.to(self.device)
+
+    def _check_same_problem(self, root_samples: int | None = None) -> None:
+        """Every rank compares its inputs and patterns with the root's; the root raises if one differs."""
+        if self.rank == self.root:
+            root_samples = len(self)
+            self._broadcast(torch.tensor([_CHECK, root_samples, 0], dtype=torch.long))
+        mine = self._fingerprint()
+        roots = mine.clone() if len(mine) == root_samples else mine.new_zeros(root_samples)
+        self._broadcast(roots)
+        scale = float(roots.abs().max()) if len(roots) else 0.0
+        same = len(mine) == root_samples and torch.allclose(mine, roots, rtol=1e-9, atol=1e-9 * scale)
+        differs = torch.tensor([0.0 if same else 1.0], device=self.device)
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self.group)
+        if self.rank == self.root and bool(differs[0]):
+            raise ValueError("another rank holds other training inputs, or other activation patterns, than rank "
+                             f"{self.root}: the kernel columns cannot be shared (every rank must see the same "
+                             "training set in the same order and the same weights)")
 
     def _local(self, idx: Tensor, scale: float) -> Tensor:
         shard, here = self.shards[self.rank], self.columns.x.device

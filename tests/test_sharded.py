@@ -26,18 +26,20 @@ def _rank(rank: int, world: int, port: int, out: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for case, fail in [(c, False) for c in CASES] + [("relu", True)]:
-            key = f"{case}{' fail' if fail else ''}"
+        for case, fail in [(c, False) for c in CASES] + [("relu", True), ("relu", "other data")]:
+            key = f"{case}{f' {fail}' if isinstance(fail, str) else ' fail' if fail else ''}"
             net = random_net((6, 5), in_features=5, seed=4, **CASES[case])
             x, y = self_labelled(net, 301, seed=5)  # 301: shards of unequal length
+            if fail == "other data" and rank == 1:
+                x = x[:-1]  # a rank with another training set (one sample short)
             if rank == 0:
                 try:
                     with ColumnSharing() as sharing:
-                        if fail:
+                        if fail is True:
                             raise RuntimeError("the root fails before asking for a column")
                         svm = network_support_vectors(net, x, y, sharing=sharing).svm
                     out[key] = dict(support=svm.support_, alpha=svm.alpha_, kkt=svm.kkt_residual)
-                except RuntimeError as error:
+                except (RuntimeError, ValueError) as error:
                     out[key] = dict(error=str(error))
             else:
                 out[f"{key} blocks"] = serve_kernel_columns(net, x)
@@ -76,3 +78,6 @@ def test_two_ranks_computing_the_columns_give_the_single_process_solution():
     # a root that fails inside the block still releases the serving rank (the barrier after it was reached)
     assert shared["relu fail"] == {"error": "the root fails before asking for a column"}
     assert shared["relu fail blocks"] == 0
+    # a rank with other training inputs is found before any column is shared: an error, not a wrong answer
+    assert shared["relu other data"]["error"].startswith("another rank holds other training inputs")
+    assert shared["relu other data blocks"] == 0
