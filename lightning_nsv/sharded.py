@@ -6,10 +6,10 @@ training inputs and network (every DDP rank has the data set) and answer request
 root sends the stop: the root works inside ``with ColumnSharing(...)``, whose exit sends it exactly once, also when
 the root fails or never asks for a column.
 
-Messages are broadcasts of an int64 header ``[kind, b, first]`` (``kind`` 2, once: every rank compares a
-fingerprint of its inputs and activation patterns with the root's, and the root raises if one differs; 1: a
-block of ``b`` columns follows with its indices, the scale and, the first time, the labels; 0: stop), then a gather of ``(b, max shard)`` blocks
-(gloo and NCCL both need equal shapes: shorter shards are padded). Each entry is computed exactly as one process
+Messages are broadcasts of an int64 header ``[kind, b, labels follow]`` (``kind`` 2, once: every rank compares
+a fingerprint of its inputs and activation patterns with the root's, and the root raises if one differs; 1: a
+block of ``b`` columns follows with its indices, the scale and, when they change, the labels; 0: stop), then a
+gather of ``(b, max shard)`` blocks (gloo and NCCL both need equal shapes: shorter shards are padded). Each entry is computed exactly as one process
 computes it (:meth:`~lightning_nsv.path_space.PathKernelColumns.signed_rows` of a row range), so the solver sees
 the same columns up to the blocking of the products.
 """
@@ -49,6 +49,7 @@ class ShardedKernelColumns:
         self.widest = max(s.stop - s.start for s in self.shards)
         self.device = message_device(group)
         self._signs: Tensor | None = None
+        self._sent_signs: Tensor | None = None  # the root's CPU copy of the labels last sent
         if self.rank == root:
             self._check_same_problem()
 
@@ -64,12 +65,13 @@ class ShardedKernelColumns:
         if self.rank != self.root:
             raise RuntimeError("only the root rank asks for columns; the others serve()")
         idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
-        first = self._signs is None
-        self._broadcast(torch.tensor([_REQUEST, len(idx), int(first)], dtype=torch.long))
+        signs = torch.as_tensor(np.asarray(signs), dtype=torch.float64)
+        new_signs = self._sent_signs is None or not torch.equal(self._sent_signs, signs)
+        self._broadcast(torch.tensor([_REQUEST, len(idx), int(new_signs)], dtype=torch.long))
         self._broadcast(idx.to(self.device))
         self._broadcast(torch.tensor([scale], dtype=torch.float64, device=self.device))
-        if first:
-            self._signs = torch.as_tensor(np.asarray(signs), dtype=torch.float64).to(self.device)
+        if new_signs:  # sent once per analysis (the labels), again only if they change
+            self._sent_signs, self._signs = signs.clone(), signs.to(self.device)
             self._broadcast(self._signs)
         parts = self._gather(self._local(idx.to(self.device), scale))
         block = torch.cat([p[:, : s.stop - s.start] for p, s in zip(parts, self.shards)], dim=1)

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lightning_nsv.sharded import ColumnSharing
+from lightning_nsv.path_space import PathKernelColumns, forward_with_slopes
+from lightning_nsv.sharded import ColumnSharing, ShardedKernelColumns
 from lightning_nsv.support_vectors import network_support_vectors, serve_kernel_columns
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
@@ -44,6 +45,19 @@ def _rank(rank: int, world: int, port: int, out: dict) -> None:
             else:
                 out[f"{key} blocks"] = serve_kernel_columns(net, x)
             dist.barrier()  # every rank got past the service: nothing left waiting
+        # the provider itself: unsigned columns, then signed ones with the labels (sent again as they changed)
+        net = random_net((6, 5), in_features=5, seed=4, **CASES["leaky, biases"])
+        x, y = self_labelled(net, 301, seed=5)
+        columns = PathKernelColumns(x, forward_with_slopes(net, x)[1], net.betas, net.gammas, bias=True)
+        if rank == 0:
+            with ColumnSharing() as sharing:
+                provider = sharing.columns(columns)
+                idx = np.array([300, 3, 150])
+                signs = np.where(y.numpy() > 0, 1.0, -1.0)
+                out["direct"] = (provider(idx).numpy(), provider.signed_columns(idx, signs, 2.0),
+                                 columns(idx).numpy(), columns.signed_columns(idx, signs, 2.0))
+        else:
+            ShardedKernelColumns(columns).serve()
     finally:
         dist.destroy_process_group()
 
@@ -78,6 +92,9 @@ def test_two_ranks_computing_the_columns_give_the_single_process_solution():
     # a root that fails inside the block still releases the serving rank (the barrier after it was reached)
     assert shared["relu fail"] == {"error": "the root fails before asking for a column"}
     assert shared["relu fail blocks"] == 0
+    shared_plain, shared_signed, plain, signed = shared["direct"]
+    np.testing.assert_allclose(shared_plain, plain, rtol=1e-14)
+    np.testing.assert_allclose(shared_signed, signed, rtol=1e-14)
     # a rank with other training inputs is found before any column is shared: an error, not a wrong answer
     assert shared["relu other data"]["error"].startswith("another rank holds other training inputs")
     assert shared["relu other data blocks"] == 0
