@@ -238,11 +238,12 @@ class InputGramCache:
         self._slot: Tensor | None = None  # kept row of each sample (order of computation), -1 when absent
         self._blocks: list[Tensor] = []  # rows in the blocks they were computed in: no copies as the cache grows
         self._starts: list[int] = []  # first slot of each block
-        self.count = 0
+        self._next_slot = 0
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
-        return self.count
+        """Samples whose rows are kept."""
+        return 0 if self._slot is None else int((self._slot >= 0).sum())
 
     @property
     def nbytes(self) -> int:
@@ -269,7 +270,7 @@ class InputGramCache:
             return True
         self._fingerprint = fingerprint
         self._slot = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-        self._blocks, self._starts, self.count = [], [], 0
+        self._blocks, self._starts, self._next_slot = [], [], 0
         return False
 
     def rows(self, x: Tensor, idx: Tensor) -> Tensor:
@@ -292,14 +293,14 @@ class InputGramCache:
             missing = idx
         if len(missing):
             self._blocks.append(x[missing] @ x.T)
-            self._starts.append(self.count)
-            self._slot[missing] = torch.arange(self.count, self.count + len(missing), device=x.device)
-            self.count += len(missing)
+            self._starts.append(self._next_slot)
+            self._slot[missing] = torch.arange(self._next_slot, self._next_slot + len(missing), device=x.device)
+            self._next_slot += len(missing)
         return self._gather(self._slot[idx])
 
     def _gather(self, slots: Tensor) -> Tensor:
         last = self._blocks[-1]
-        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self.count,
+        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self._next_slot,
                                                                         device=slots.device)):
             return last
         out = last.new_empty(len(slots), last.shape[1])
@@ -323,7 +324,7 @@ class InputGramCache:
         self._slot.fill_(-1)
         self._slot[samples] = torch.arange(len(samples), device=self._slot.device)
         self._blocks, self._starts = ([kept], [0]) if kept is not None else ([], [])
-        self.count = len(samples)
+        self._next_slot = len(samples)
 
 
 class PathKernelColumns:

@@ -48,6 +48,7 @@ def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact
         held = cache.samples
         np.testing.assert_allclose(cache.rows(x, held).numpy(), (x[held] @ x.T).numpy(), rtol=1e-15, atol=1e-15)
         assert sorted(held.tolist()) == sorted([0, 5, 12, 40, 79, *range(60, 69)]) and cache.misses == 14
+        assert len(cache) == 14  # sample 12, recomputed with the new rows, counts once
 
 
 @pytest.mark.parametrize("bias", [False, True])
