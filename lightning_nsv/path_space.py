@@ -218,6 +218,11 @@ def path_kernel(
     return kernel
 
 
+def random_projection(a: Tensor, generator: torch.Generator) -> Tensor:
+    """``a r`` in float64 for a Gaussian ``r`` drawn from ``generator``: a fingerprint of the rows of ``a``."""
+    return a.to(torch.float64) @ torch.randn(a.shape[1], generator=generator, dtype=torch.float64).to(a.device)
+
+
 RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)
 
 
@@ -259,8 +264,7 @@ class InputGramCache:
 
     @staticmethod
     def _identify(x: Tensor) -> tuple:
-        probe = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        return tuple(x.shape), x.dtype, x.device, (x.to(torch.float64) @ probe.to(x.device)).cpu()
+        return tuple(x.shape), x.dtype, x.device, random_projection(x, torch.Generator().manual_seed(0)).cpu()
 
     def attach(self, x: Tensor) -> bool:
         """Use the cache for inputs ``x``; ``True`` when its rows belong to ``x``, else it is emptied."""
@@ -282,13 +286,13 @@ class InputGramCache:
         """:meth:`rows`, but the cache's own block when it holds exactly these rows (read it, do not write it)."""
         if not len(idx):
             return x.new_empty(0, x.shape[0])
+        distinct = len(torch.unique(idx)) == len(idx)
         missing = idx[self._slot[idx] < 0]
-        if len(torch.unique(missing)) != len(missing):
+        if not distinct:
             missing = torch.unique(missing)
         self.misses += len(missing)
         self.hits += len(idx) - len(missing)
-        if len(missing) and len(idx) - len(missing) <= len(idx) // RECOMPUTE_HITS_BELOW \
-                and len(torch.unique(idx)) == len(idx):
+        if distinct and len(missing) and len(idx) - len(missing) <= len(idx) // RECOMPUTE_HITS_BELOW:
             # a few kept rows among new ones: recomputing them costs less than gathering the block together
             missing = idx
         if len(missing):

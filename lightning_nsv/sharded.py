@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_nsv.path_space import PathKernelColumns
+from lightning_nsv.path_space import PathKernelColumns, random_projection
 
 __all__ = ["ColumnSharing", "ShardedKernelColumns", "message_device", "serve"]
 
@@ -102,10 +102,10 @@ class ShardedKernelColumns:
 
     def _fingerprint(self) -> Tensor:
         """``X r + Σ_l P_l r_l`` for fixed random ``r``: differs when a rank's inputs or activation patterns do."""
-        x, g = self.columns.x, torch.Generator().manual_seed(0)
-        summary = x.to(torch.float64) @ torch.randn(x.shape[1], generator=g, dtype=torch.float64).to(x.device)
+        generator = torch.Generator().manual_seed(0)
+        summary = random_projection(self.columns.x, generator)
         for p in self.columns.indicators:
-            summary += p.to(torch.float64) @ torch.randn(p.shape[1], generator=g, dtype=torch.float64).to(x.device)
+            summary += random_projection(p, generator)
         return summary.to(self.device)
 
     def _check_same_problem(self, root_samples: int | None = None) -> None:
