@@ -30,6 +30,7 @@ from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_mar
 from lightning_nsv.path_space import (
     PathKernelColumns,
     PathNetwork,
+    analysis_inputs,
     forward_with_slopes,
     path_kernel,
     path_kernel_diagonal,
@@ -621,10 +622,10 @@ def multiclass_support_vectors(
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)
-    x_train = x_train.to(net.dtype).reshape(len(y), -1)
+    x_train = analysis_inputs(x_train.reshape(len(y), -1), net.dtype)
     bias = net.biases is not None
 
-    columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias).numpy
+    columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias, dtype=net.dtype).numpy
 
     diag = path_kernel_diagonal(x_train, slopes_train, bias=bias).numpy()
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()

@@ -163,9 +163,61 @@ def _kernel_block(
 
 
 def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = False) -> Tensor:
-    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``."""
+    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``, in the dtype of the slopes (inputs
+    of a narrower dtype are converted a chunk of rows at a time)."""
     x = x.reshape(x.shape[0], -1)
-    return _combine((x * x).sum(1), [(s * s).to(x.dtype).sum(1) for s in slopes], bias)
+    dtype = slopes[0].dtype if len(slopes) else x.dtype
+    chunks = _InputChunks(x, dtype)
+    squares = torch.cat([(chunks(rows) ** 2).sum(1) for rows in chunks.ranges()]) if len(x) \
+        else x.new_zeros(0, dtype=dtype)
+    return _combine(squares, [(s * s).to(dtype).sum(1) for s in slopes], bias)
+
+
+INPUT_CHUNK_BYTES = 4 << 20  # rows of the training inputs converted to the analysis dtype at a time
+
+
+def _chunk_rows(x: Tensor, dtype: torch.dtype) -> int:
+    return max(1, INPUT_CHUNK_BYTES // max(1, x.shape[1] * torch.finfo(dtype).bits // 8))
+
+
+class _InputChunks:
+    """Rows ``lo:hi`` of ``x`` in ``dtype``: views when ``x`` has that dtype, else copies into one buffer that every
+    chunk reuses (a fresh allocation per chunk costs its page faults). Use a chunk before asking for the next."""
+
+    def __init__(self, x: Tensor, dtype: torch.dtype) -> None:
+        self.x, self.dtype = x, dtype
+        self.step = _chunk_rows(x, dtype)
+        self._buffer: Tensor | None = None
+
+    def ranges(self, start: int = 0, stop: int | None = None) -> list[slice]:
+        stop = len(self.x) if stop is None else stop
+        return [slice(lo, min(stop, lo + self.step)) for lo in range(start, stop, self.step)]
+
+    def __call__(self, rows: slice) -> Tensor:
+        if self.x.dtype == self.dtype:
+            return self.x[rows]
+        if self._buffer is None:
+            self._buffer = torch.empty(self.step, self.x.shape[1], dtype=self.dtype, device=self.x.device)
+        return self._buffer[:rows.stop - rows.start].copy_(self.x[rows])
+
+
+def analysis_inputs(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` as the analysis keeps it: unchanged when its dtype is a narrower float (every value is exact in
+    ``dtype``; kernels convert chunks of it, so no ``dtype`` copy of the whole training set is held), else cast."""
+    if x.is_floating_point() and torch.finfo(x.dtype).bits < torch.finfo(dtype).bits:
+        return x
+    return x.to(dtype)
+
+
+def _input_gram_rows(chunks: _InputChunks, idx: Tensor) -> Tensor:
+    """``(X Xᵀ)[idx, :]`` in the dtype of ``chunks``."""
+    left = chunks.x[idx].to(chunks.dtype)
+    if chunks.x.dtype == chunks.dtype:
+        return left @ chunks.x.T
+    out = torch.empty(len(idx), len(chunks.x), dtype=chunks.dtype, device=chunks.x.device)
+    for rows in chunks.ranges():
+        torch.mm(left, chunks(rows).T, out=out[:, rows])
+    return out
 
 
 def path_kernel(
@@ -263,29 +315,33 @@ class InputGramCache:
         return held[torch.argsort(self._slot[held])]
 
     @staticmethod
-    def _identify(x: Tensor) -> tuple:
-        return tuple(x.shape), x.dtype, x.device, random_projection(x, torch.Generator().manual_seed(0)).cpu()
+    def _identify(x: Tensor, dtype: torch.dtype) -> tuple:
+        return (tuple(x.shape), x.dtype, dtype, x.device), random_projection(x, torch.Generator().manual_seed(0)).cpu()
 
-    def attach(self, x: Tensor) -> bool:
-        """Use the cache for inputs ``x``; ``True`` when its rows belong to ``x``, else it is emptied."""
-        fingerprint = self._identify(x)
-        if self._fingerprint is not None and fingerprint[:3] == self._fingerprint[:3] \
-                and torch.equal(fingerprint[3], self._fingerprint[3]):
+    def attach(self, x: Tensor, dtype: torch.dtype | None = None) -> bool:
+        """Use the cache for inputs ``x`` and rows in ``dtype`` (default that of ``x``); ``True`` when its rows
+        belong to them, else it is emptied."""
+        fingerprint = self._identify(x, x.dtype if dtype is None else dtype)
+        if self._fingerprint is not None and fingerprint[0] == self._fingerprint[0] \
+                and torch.equal(fingerprint[1], self._fingerprint[1]):
             return True
         self._fingerprint = fingerprint
         self._slot = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self._blocks, self._starts, self._next_slot = [], [], 0
         return False
 
-    def rows(self, x: Tensor, idx: Tensor) -> Tensor:
-        """``(X Xᵀ)[idx, :]`` (a new tensor), from kept rows where present; computed rows are kept."""
-        view = self.rows_view(x, idx)
+    def rows(self, x: Tensor, idx: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """``(X Xᵀ)[idx, :]`` in ``dtype`` (default that of ``x``; a new tensor), from kept rows where present;
+        computed rows are kept."""
+        view = self.rows_view(_InputChunks(x, x.dtype if dtype is None else dtype), idx)
         return view.clone() if self.shares(view) else view
 
-    def rows_view(self, x: Tensor, idx: Tensor) -> Tensor:
-        """:meth:`rows`, but the cache's own block when it holds exactly these rows (read it, do not write it)."""
+    def rows_view(self, chunks: _InputChunks, idx: Tensor) -> Tensor:
+        """:meth:`rows` of ``chunks.x`` in ``chunks.dtype``, but the cache's own block when it holds exactly these
+        rows (read it, do not write it)."""
+        x = chunks.x
         if not len(idx):
-            return x.new_empty(0, x.shape[0])
+            return x.new_empty(0, x.shape[0], dtype=chunks.dtype)
         distinct = len(torch.unique(idx)) == len(idx)
         missing = idx[self._slot[idx] < 0]
         if not distinct:
@@ -296,7 +352,7 @@ class InputGramCache:
             # a few kept rows among new ones: recomputing them costs less than gathering the block together
             missing = idx
         if len(missing):
-            self._blocks.append(x[missing] @ x.T)
+            self._blocks.append(_input_gram_rows(chunks, missing))
             self._starts.append(self._next_slot)
             self._slot[missing] = torch.arange(self._next_slot, self._next_slot + len(missing), device=x.device)
             self._next_slot += len(missing)
@@ -323,8 +379,19 @@ class InputGramCache:
         if not self._blocks:
             return
         samples = torch.as_tensor(np.asarray(samples), dtype=torch.long, device=self._slot.device)
-        samples = samples[self._slot[samples] >= 0]
-        kept = self._gather(self._slot[samples]) if len(samples) else None  # the only block left: no copy needed
+        samples = torch.unique(samples[self._slot[samples] >= 0])
+        slots, order = torch.sort(self._slot[samples])  # kept in slot order: each block's rows are copied once
+        samples = samples[order]
+        last, kept = self._blocks[-1], None
+        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self._next_slot,
+                                                                       device=slots.device)):
+            kept = last  # the last block holds exactly these rows
+        elif len(samples):
+            kept = last.new_empty(len(samples), last.shape[1])
+            bounds = torch.searchsorted(slots, torch.tensor(self._starts + [self._next_slot], device=slots.device))
+            for start, block, lo, hi in zip(self._starts, self._blocks, bounds[:-1].tolist(), bounds[1:].tolist()):
+                if hi > lo:
+                    torch.index_select(block, 0, slots[lo:hi] - start, out=kept[lo:hi])
         self._slot.fill_(-1)
         self._slot[samples] = torch.arange(len(samples), device=self._slot.device)
         self._blocks, self._starts = ([kept], [0]) if kept is not None else ([], [])
@@ -338,15 +405,18 @@ class PathKernelColumns:
     indicator of ``z >= 0`` (slope ``gamma``) and ``c_l`` its row sums,
     ``G_l = (gamma − beta)² P_l P_lᵀ + beta(gamma − beta)(c_l,i + c_l,j) + beta² Ω_l``; the counts ``P_l P_lᵀ``
     are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
-    The input Gram ``X Xᵀ[:, idx]`` stays in the analysis dtype; an :class:`InputGramCache` keeps its rows between
-    analyses of the same inputs. Everything runs on the device of ``x``.
+    The input Gram ``X Xᵀ[:, idx]`` is computed in the analysis dtype ``dtype`` (default that of ``x``); inputs of
+    a narrower float dtype stay as given and are converted a chunk of rows at a time (exact: no ``dtype`` copy of
+    the training set is held). An :class:`InputGramCache` keeps its rows between analyses of the same inputs.
+    Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache).
+    Everything runs on the device of ``x``.
 
     Cost per call: ``O(m·b·(f + Σ Ω_l))`` for ``b`` columns; memory ``O(m·b)`` plus ``x`` and the indicators.
     """
 
     def __init__(self, x: Tensor, layer_slopes: Sequence[Tensor], betas: Sequence[float],
                  gammas: Sequence[float], *, bias: bool = False,
-                 input_gram_cache: InputGramCache | None = None) -> None:
+                 input_gram_cache: InputGramCache | None = None, dtype: torch.dtype | None = None) -> None:
         if not len(layer_slopes) == len(betas) == len(gammas):
             raise ValueError(f"need slopes, betas and gammas per hidden layer, got {len(layer_slopes)}, "
                              f"{len(betas)} and {len(gammas)}")
@@ -354,13 +424,18 @@ class PathKernelColumns:
         if widest >= 1 << 24:
             raise ValueError(f"a hidden layer of {widest} units is too wide for exact float32 counts (< 2**24)")
         self.x = x.reshape(x.shape[0], -1)
+        self.dtype = self.x.dtype if dtype is None else dtype
+        if analysis_inputs(self.x, self.dtype) is not self.x:
+            raise ValueError(f"inputs of dtype {self.x.dtype} are not exact in the analysis dtype {self.dtype}: "
+                             "convert them first")
         self.bias = bias
         self.betas, self.gammas = tuple(map(float, betas)), tuple(map(float, gammas))
         self.indicators = [(s == g).to(torch.float32) for s, g in zip(layer_slopes, self.gammas)]
-        self.counts = [p.sum(1).to(self.x.dtype) for p in self.indicators]
+        self.counts = [p.sum(1).to(self.dtype) for p in self.indicators]
+        self._chunks = _InputChunks(self.x, self.dtype)
         self.input_gram_cache = input_gram_cache
         if input_gram_cache is not None:
-            input_gram_cache.attach(self.x)
+            input_gram_cache.attach(self.x, self.dtype)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -369,7 +444,7 @@ class PathKernelColumns:
         """``G_l[idx, part]`` (transposed: rows are the requested samples; ``part`` a range of samples)."""
         p, c = self.indicators[layer], self.counts[layer]
         beta, gamma = self.betas[layer], self.gammas[layer]
-        gram = (p[idx] @ p[part].T).to(self.x.dtype)
+        gram = (p[idx] @ p[part].T).to(self.dtype)
         if beta == 0.0:
             return gram.mul_(gamma * gamma) if gamma != 1.0 else gram
         gram.mul_((gamma - beta) ** 2)
@@ -391,38 +466,46 @@ class PathKernelColumns:
         """``factor · s_idx s_jᵀ ∘ K[idx, part]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor;
         ``part``: a range of samples ``j`` (default all; the input-Gram cache serves full rows only).
 
-        ReLU-type layers without biases take the signs into the last layer's indicator product (exact integer
-        counts ``±Π P_l P_lᵀ``) and scale the input Gram once: one pass over the ``b×m`` block after the products."""
+        Formed a chunk of samples ``j`` at a time: the input Gram of the chunk (or the cache's rows), then its slope
+        factor in place. ReLU-type layers without biases take the signs into the last layer's indicator product
+        (exact integer counts ``±Π P_l P_lᵀ``) and scale the input Gram once."""
         cache = self.input_gram_cache if part is None else None
-        part = slice(None) if part is None else part
-        if cache is None:
-            input_gram = self.x[idx] @ self.x[part].T
+        start, stop, _ = (slice(None) if part is None else part).indices(len(self))
+        if cache is not None:
+            input_gram = cache.rows_view(self._chunks, idx)
+            out = torch.empty_like(input_gram) if cache.shares(input_gram) else input_gram
         else:
-            input_gram = cache.rows_view(self.x, idx)
-        shared = cache is not None and cache.shares(input_gram)
-        if self._integer_counts() and self.indicators:
-            counts = product = None
-            for layer, p in enumerate(self.indicators):
-                right = p if signs is None or layer < len(self.indicators) - 1 else p * signs.to(p.dtype)[:, None]
-                if counts is None:
-                    counts = right[idx] @ right[part].T
-                else:
-                    product = torch.mm(right[idx], right[part].T, out=product)  # one buffer for every later layer
-                    counts.mul_(product)
+            input_gram, left = None, self.x[idx].to(self.dtype)
+            out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
+        integer = self._integer_counts()
+        if integer and self.indicators:
             factor *= math.prod(g * g for g in self.gammas)
-            zero = torch.zeros((), dtype=input_gram.dtype, device=input_gram.device)
-            return torch.addcmul(zero, input_gram, counts, value=factor,
-                                 out=torch.empty_like(input_gram) if shared else input_gram)
-        if shared:
-            input_gram = input_gram.clone()
-        if self._integer_counts():  # no hidden layer: the input Gram alone
-            kernel = input_gram
-        else:
-            kernel = _combine(input_gram, [self.slope_gram(k, idx, part) for k in range(len(self.indicators))],
-                              self.bias)
-        if signs is not None:
-            kernel.mul_(signs[part].to(kernel.dtype)[None, :]).mul_(signs[idx].to(kernel.dtype)[:, None])
-        return kernel.mul_(factor) if factor != 1.0 else kernel
+            last = len(self.indicators) - 1
+            rights = [p if signs is None or k < last else p * signs.to(p.dtype)[:, None]
+                      for k, p in enumerate(self.indicators)]
+            lefts = [right[idx] for right in rights]
+        zero = torch.zeros((), dtype=self.dtype, device=self.x.device)
+        for cols in self._chunks.ranges(start, stop):
+            block = out[:, cols.start - start:cols.stop - start]
+            gram = torch.mm(left, self._chunks(cols).T, out=block) if input_gram is None else input_gram[:, cols]
+            if integer and self.indicators:
+                counts = None
+                for left_p, right in zip(lefts, rights):
+                    counts = left_p @ right[cols].T if counts is None else counts.mul_(left_p @ right[cols].T)
+                torch.addcmul(zero, gram, counts, value=factor, out=block)
+                continue
+            if gram is not block:
+                block.copy_(gram)
+            if not integer:
+                kernel = _combine(block, [self.slope_gram(k, idx, cols) for k in range(len(self.indicators))],
+                                  self.bias)
+                if kernel is not block:
+                    block.copy_(kernel)
+            if signs is not None:
+                block.mul_(signs[cols].to(self.dtype)[None, :]).mul_(signs[idx].to(self.dtype)[:, None])
+            if factor != 1.0:
+                block.mul_(factor)
+        return out
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order: what the active-set solver
@@ -433,7 +516,7 @@ class PathKernelColumns:
         """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""
         device = self.x.device
         idx = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=device)
-        signs = torch.as_tensor(np.asarray(signs), dtype=self.x.dtype, device=device)
+        signs = torch.as_tensor(np.asarray(signs), dtype=self.dtype, device=device)
         return self._rows(idx, signs, 1.0 / scale, part)
 
     def __call__(self, idx) -> Tensor:

@@ -20,6 +20,7 @@ from lightning_nsv.path_space import (
     PathKernelColumns,
     PathNetwork,
     PathSigns,
+    analysis_inputs,
     forward_with_slopes,
     path_kernel,
     path_kernel_diagonal,
@@ -269,7 +270,7 @@ def network_support_vectors(
         raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
                          f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
     on_device = _network_on(net, device)
-    x_train = x_train.to(net.dtype)
+    x_train = analysis_inputs(x_train, net.dtype)  # float32 inputs stay float32: the kernels convert chunks
     outputs, slopes_train = forward_with_slopes(on_device, x_train)
     _check_finite_samples(outputs[:, None], "network outputs")
     errors = int((y * outputs <= 0).sum())
@@ -280,13 +281,13 @@ def network_support_vectors(
     dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
     if uses_dense_kernel(kernel, intercept):
         _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept)
-        svm = max_margin(path_kernel(x_train, slopes_train, bias=bias, block_size=block_size), y,
+        svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C)
     else:
         if sharing is not None:
             cache = None
         columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias,
-                                    input_gram_cache=cache)
+                                    input_gram_cache=cache, dtype=net.dtype)
         if initial is None and cache is not None and len(cache):
             initial = cache.samples.cpu().numpy()  # the previous support (the cache holds these inputs' rows)
         if initial is None:
@@ -328,11 +329,11 @@ def serve_kernel_columns(net: PathNetwork, x_train: Tensor, *, group: Any = None
     """The other ranks' side of :func:`network_support_vectors` with ``sharing``: compute the kernel columns the
     root asks for, on this rank's shard of the rows of the same ``net`` and ``x_train``, until the root's
     :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of column blocks computed."""
-    x_train = x_train.reshape(len(x_train), -1).to(net.dtype)
+    x_train = analysis_inputs(x_train.reshape(len(x_train), -1), net.dtype)
     on_device = _network_on(net, x_train.device)
     slopes_train = forward_with_slopes(on_device, x_train)[1]
     columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas,
-                                bias=net.biases is not None)
+                                bias=net.biases is not None, dtype=net.dtype)
     return serve(columns, group, root)
 
 

@@ -148,3 +148,32 @@ def test_solver_progress_reports_every_iteration_and_changes_nothing():
     assert [s[0] for s in seen] == list(range(1, len(seen) + 1)) and len(seen) >= 1
     assert seen[-1][1] >= reported.n_support_ and seen[-1][2] <= 1e-9
     np.testing.assert_array_equal(reported.alpha_, plain.alpha_)
+
+
+def test_updates_and_downdates_in_place_give_the_factor_of_the_members():
+    """Admitting blocks and deleting any members, in any order, leaves the Cholesky factor of the members' Gram
+    matrix (the factor lives in one block of memory that grows by copies only when too small)."""
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        m = int(rng.integers(2, 60))
+        a = rng.standard_normal((m, m + 5))
+        gram = a @ a.T
+        free = _FreeSet(_ColumnStore(lambda idx: np.asfortranarray(gram[:, idx]), m))
+        for _ in range(6):
+            outside = np.setdiff1d(np.arange(m), free.index)
+            if len(free) and (not len(outside) or rng.random() < 0.4):
+                deleted = rng.choice(len(free), int(rng.integers(1, len(free) + 1)), replace=False)
+                kept = [member for k, member in enumerate(free.index) if k not in set(deleted.tolist())]
+                free.remove(deleted)
+                assert free.index == kept
+            else:
+                new = rng.choice(outside, int(rng.integers(1, len(outside) + 1)), replace=False)
+                assert free.try_add(free.fetch(new))
+            factor, members = free.chol, free.index
+            assert factor.shape == (len(members), len(members)) and factor.flags.f_contiguous
+            if members:
+                assert np.all(np.triu(factor, 1) == 0) and np.all(np.diag(factor) > 0)
+                np.testing.assert_allclose(factor @ factor.T, gram[np.ix_(members, members)], rtol=1e-9,
+                                           atol=1e-9 * np.abs(gram).max())

@@ -195,3 +195,57 @@ def test_solver_on_duplicates_with_opposite_labels_says_not_separable():
     x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     with pytest.raises(NotSeparableError, match="not separable through the origin"):
         max_margin(x @ x.T, np.array([1, 1, -1]))
+
+
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
+def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta, cached):
+    """Narrower inputs stay as given (no float64 copy of the training set): every chunk of rows is converted
+    exactly, so the columns and the diagonal equal those of the float64 inputs."""
+    import lightning_nsv.path_space as path_space
+
+    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
+    net = random_net((5, 4), in_features=6, beta=beta, bias=bias, seed=2)
+    x32 = torch.randn(80, 6, generator=torch.Generator().manual_seed(3))
+    x64 = x32.double()
+    _, layer_slopes = forward_with_slopes(net, x32)
+    dense = path_kernel(x64, layer_slopes, bias=bias).numpy()
+    cache = InputGramCache() if cached else None
+    columns = PathKernelColumns(x32, layer_slopes, net.betas, net.gammas, bias=bias, input_gram_cache=cache,
+                                dtype=torch.float64)
+    assert columns.x.dtype == torch.float32 and columns.x.data_ptr() == x32.data_ptr() and columns._chunks.step == 7
+    y = np.where(np.random.default_rng(4).random(80) < 0.5, -1.0, 1.0)
+    for idx in (np.array([5, 0, 79]), np.array([79, 12, 5, 40, 0])):
+        got = columns.signed_columns(idx, y, 2.0)
+        np.testing.assert_allclose(got, dense[:, idx] * y[:, None] * y[idx][None, :] / 2.0, rtol=1e-14,
+                                   atol=1e-14 * np.abs(dense).max())
+    part = slice(9, 30)  # a shard of rows, as DDP ranks compute it
+    np.testing.assert_allclose(columns.signed_rows(np.array([3, 4]), y, 1.0, part=part).numpy(),
+                               (dense[part, [3, 4]] * y[part, None] * y[[3, 4]][None, :]).T, rtol=1e-14,
+                               atol=1e-14 * np.abs(dense).max())
+    np.testing.assert_allclose(path_space.path_kernel_diagonal(x32, layer_slopes, bias=bias).numpy(), np.diag(dense),
+                               rtol=1e-15)
+    with pytest.raises(ValueError, match="not exact in the analysis dtype torch.float32"):
+        PathKernelColumns(x64, layer_slopes, net.betas, net.gammas, dtype=torch.float32)
+
+
+def test_float32_inputs_give_the_float64_analysis(monkeypatch):
+    import lightning_nsv.path_space as path_space
+
+    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 50 * 5 * 8)
+    net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=4)
+    x, y = self_labelled(net, 400, seed=5)
+    x32 = x.float()
+    keep = torch.sign(forward_with_slopes(net, x32)[0]) == torch.where(y > 0, 1.0, -1.0)
+    x32, y = x32[keep], y[keep]
+    reference = network_support_vectors(net, x32.double(), y, kernel="dense").svm
+    cache = InputGramCache()
+    for kernel in ("dense", "columns"):
+        got = network_support_vectors(net, x32, y, kernel=kernel, cache=cache if kernel == "columns" else None).svm
+        np.testing.assert_array_equal(got.support_, reference.support_)
+        np.testing.assert_allclose(got.alpha_, reference.alpha_, rtol=1e-9, atol=1e-9 * reference.alpha_.max())
+        assert got.kkt_residual <= 1e-10
+    held = cache.samples
+    assert cache.nbytes == 8 * len(y) * len(cache)  # float64 rows of float32 inputs
+    np.testing.assert_allclose(cache.rows(x32, held, torch.float64).numpy(), (x32[held].double() @ x32.double().T).numpy(),
+                               rtol=1e-15, atol=1e-15)
