@@ -125,9 +125,17 @@ class PathNetwork:
 def forward_with_slopes(net: PathNetwork, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     """Network output ``N(x)`` (shape ``(n,)`` for one output unit, ``(n, K)`` for ``K > 1``) and the slopes
     ``sigma_l(x)`` of each hidden layer."""
-    h = x.to(net.dtype).reshape(x.shape[0], -1)
-    if h.shape[1] != net.in_features:
-        raise ValueError(f"inputs have {h.shape[1]} features, the path network expects {net.in_features}")
+    x = x.reshape(x.shape[0], -1)
+    if x.shape[1] != net.in_features:
+        raise ValueError(f"inputs have {x.shape[1]} features, the path network expects {net.in_features}")
+    chunks = _InputChunks(x, net.dtype)
+    if x.dtype == net.dtype or len(x) <= chunks.step:
+        return _forward(net, x.to(net.dtype))
+    parts = [_forward(net, chunks(rows)) for rows in chunks.ranges()]  # no converted copy of all of x
+    return torch.cat([out for out, _ in parts]), [torch.cat(layer) for layer in zip(*(s for _, s in parts))]
+
+
+def _forward(net: PathNetwork, h: Tensor) -> tuple[Tensor, list[Tensor]]:
     layer_slopes = []
     for k, a in enumerate(net.weights[:-1]):
         z = h @ a.T
@@ -173,7 +181,7 @@ def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = Fa
     return _combine(squares, [(s * s).to(dtype).sum(1) for s in slopes], bias)
 
 
-INPUT_CHUNK_BYTES = 4 << 20  # rows of the training inputs converted to the analysis dtype at a time
+INPUT_CHUNK_BYTES = 8 << 20  # rows of the training inputs converted to the analysis dtype at a time
 
 
 def _chunk_rows(x: Tensor, dtype: torch.dtype) -> int:
@@ -272,7 +280,9 @@ def path_kernel(
 
 def random_projection(a: Tensor, generator: torch.Generator) -> Tensor:
     """``a r`` in float64 for a Gaussian ``r`` drawn from ``generator``: a fingerprint of the rows of ``a``."""
-    return a.to(torch.float64) @ torch.randn(a.shape[1], generator=generator, dtype=torch.float64).to(a.device)
+    r = torch.randn(a.shape[1], generator=generator, dtype=torch.float64).to(a.device)
+    chunks = _InputChunks(a, torch.float64)
+    return torch.cat([chunks(rows) @ r for rows in chunks.ranges()]) if len(a) else a.new_zeros(0, dtype=r.dtype)
 
 
 RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)

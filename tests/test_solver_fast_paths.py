@@ -208,7 +208,13 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     net = random_net((5, 4), in_features=6, beta=beta, bias=bias, seed=2)
     x32 = torch.randn(80, 6, generator=torch.Generator().manual_seed(3))
     x64 = x32.double()
-    _, layer_slopes = forward_with_slopes(net, x32)
+    outputs, layer_slopes = forward_with_slopes(net, x32)  # in chunks of 7 rows
+    outputs64, slopes64 = forward_with_slopes(net, x64)
+    np.testing.assert_allclose(outputs.numpy(), outputs64.numpy(), rtol=1e-13, atol=1e-13)
+    assert all(torch.equal(a, b) for a, b in zip(layer_slopes, slopes64)) and len(outputs) == 80
+    projection = path_space.random_projection(x32, torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(projection.numpy(), path_space.random_projection(x64, torch.Generator().manual_seed(0)).numpy(),
+                               rtol=1e-13, atol=1e-13)
     dense = path_kernel(x64, layer_slopes, bias=bias).numpy()
     cache = InputGramCache() if cached else None
     columns = PathKernelColumns(x32, layer_slopes, net.betas, net.gammas, bias=bias, input_gram_cache=cache,
