@@ -4,7 +4,8 @@ A network without biases computes ``N(x) = <phi(x), wbar>`` with ``phi(x) = sigm
 and ``wbar`` the products of weights along paths. Nothing here materialises ``phi`` or ``wbar``: kernels
 factor over layers and path norms are forward passes of element-wise squared weights.
 
-All functions compute in the dtype of the :class:`PathNetwork` (float64 by default); inputs are cast to it.
+All functions compute in the dtype of the :class:`PathNetwork` (float64 by default); inputs are cast to it, those
+of a narrower float dtype a chunk of rows at a time (no converted copy of a whole training set is held).
 """
 from __future__ import annotations
 
