@@ -297,30 +297,20 @@ class _ColumnStore:
         """Members at positions ``kept`` stay; the others left F."""
         self._where = [self._where[k] for k in kept]
         stored = sum(block.shape[1] for block in self._blocks)
-        allowed = max(64, members // 8)  # dead columns kept before compacting
-        if stored > members + allowed:
-            self._compact(stored - members - allowed // 2)
+        if stored > members + max(64, members // 8):
+            self._compact()
 
-    def _compact(self, at_least: int) -> None:
-        """Free ``at_least`` dead columns, from the blocks with the most dead columns per live one (a block without
-        live columns is dropped, one with a few dead ones left as it is); one block at a time (memory peaks at one
-        block more)."""
+    def _compact(self) -> None:
+        """Drop dead columns, one block at a time (memory peaks at one block more)."""
         live: dict[int, list[int]] = {}
         for b, c in self._where:
             live.setdefault(b, []).append(c)
-        dead = {b: block.shape[1] - len(live.get(b, ())) for b, block in enumerate(self._blocks)}
-        chosen, freed = set(), 0
-        for b in sorted(dead, key=lambda b: dead[b] / (1 + len(live.get(b, ()))), reverse=True):
-            if freed >= at_least or not dead[b]:
-                break
-            chosen.add(b)
-            freed += dead[b]
         renumber, blocks = {}, []
         for b, block in enumerate(self._blocks):
             if b not in live:
                 continue
-            columns = sorted(live[b]) if b in chosen else list(range(block.shape[1]))
-            kept = np.asfortranarray(block[:, columns]) if b in chosen else block
+            columns = sorted(live[b])
+            kept = block if len(columns) == block.shape[1] else np.asfortranarray(block[:, columns])
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
             blocks.append(kept)
