@@ -627,7 +627,7 @@ def multiclass_support_vectors(
 
     columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias, dtype=net.dtype).numpy
 
-    diag = path_kernel_diagonal(x_train, slopes_train, bias=bias).numpy()
+    diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype).numpy()
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()
     if method == "exact":
         svm = multiclass_max_margin(columns, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol,

@@ -171,11 +171,12 @@ def _kernel_block(
     return _combine(x_a @ x_b.T, [s_a @ s_b.T for s_a, s_b in zip(slopes_a, slopes_b)], bias)
 
 
-def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = False) -> Tensor:
-    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``, in the dtype of the slopes (inputs
-    of a narrower dtype are converted a chunk of rows at a time)."""
+def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = False,
+                         dtype: torch.dtype | None = None) -> Tensor:
+    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``, in ``dtype`` (default that of the
+    slopes, else of ``x``; inputs of a narrower dtype are converted a chunk of rows at a time)."""
     x = x.reshape(x.shape[0], -1)
-    dtype = slopes[0].dtype if len(slopes) else x.dtype
+    dtype = dtype or (slopes[0].dtype if len(slopes) else x.dtype)
     chunks = _InputChunks(x, dtype)
     squares = torch.cat([(chunks(rows) ** 2).sum(1) for rows in chunks.ranges()]) if len(x) \
         else x.new_zeros(0, dtype=dtype)
@@ -498,7 +499,10 @@ class PathKernelColumns:
         zero = torch.zeros((), dtype=self.dtype, device=self.x.device)
         for cols in self._chunks.ranges(start, stop):
             block = out[:, cols.start - start:cols.stop - start]
-            gram = torch.mm(left, self._chunks(cols).T, out=block) if input_gram is None else input_gram[:, cols]
+            if input_gram is None:
+                gram = torch.mm(left, self._chunks(cols).T, out=block)
+            else:  # the cache's rows: read in place, or (its own block) into `out`
+                gram = block if out is input_gram else input_gram[:, cols]
             if integer and self.indicators:
                 counts = None
                 for left_p, right in zip(lefts, rights):

@@ -293,7 +293,7 @@ def network_support_vectors(
         if initial is None:
             initial = torch.argsort(y * outputs)[: int(math.sqrt(m))].cpu().numpy()
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
-        diag = path_kernel_diagonal(x_train, slopes_train, bias=bias)
+        diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype)
         svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
                          initial=initial)
         if cache is not None:

@@ -231,6 +231,8 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
                                atol=1e-14 * np.abs(dense).max())
     np.testing.assert_allclose(path_space.path_kernel_diagonal(x32, layer_slopes, bias=bias).numpy(), np.diag(dense),
                                rtol=1e-15)
+    no_hidden = path_space.path_kernel_diagonal(x32, [], dtype=torch.float64)  # a linear network: no slopes
+    assert no_hidden.dtype == torch.float64 and torch.equal(no_hidden, (x64 * x64).sum(1))
     with pytest.raises(ValueError, match="not exact in the analysis dtype torch.float32"):
         PathKernelColumns(x64, layer_slopes, net.betas, net.gammas, dtype=torch.float32)
 
