@@ -266,8 +266,9 @@ class _DenseColumns:
 
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
-    in (no copies as F grows); a removed member's column stays in its block with weight zero until more than half
-    of the stored columns are dead. Memory ``8·n`` bytes per stored column."""
+    in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
+    outnumber 1/16 of the members (64 at least). Memory ``8·n`` bytes per stored column, at most 1/16 more than the
+    members' columns."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
         self.q_columns = q_columns
@@ -297,7 +298,7 @@ class _ColumnStore:
         """Members at positions ``kept`` stay; the others left F."""
         self._where = [self._where[k] for k in kept]
         stored = sum(block.shape[1] for block in self._blocks)
-        if stored > members + max(64, members // 8):
+        if stored > members + max(DEAD_COLUMNS_MIN, members // DEAD_COLUMNS_SHARE):
             self._compact()
 
     def _compact(self) -> None:
@@ -622,6 +623,7 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
 
 
+DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE = 64, 16  # the column store compacts above max(64, members / 16) dead columns
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 REMOVE_COLUMNS = GROW_COLUMNS = 256  # columns of the factor moved at a time in a downdate or an update
