@@ -257,3 +257,18 @@ def test_float32_inputs_give_the_float64_analysis(monkeypatch):
     assert cache.nbytes == 8 * len(y) * len(cache)  # float64 rows of float32 inputs
     np.testing.assert_allclose(cache.rows(x32, held, torch.float64).numpy(), (x32[held].double() @ x32.double().T).numpy(),
                                rtol=1e-15, atol=1e-15)
+
+
+def test_finite_check_passes_overflowing_sums_and_names_every_kind_of_bad_value():
+    from lightning_nsv.support_vectors import _check_finite_samples
+
+    _check_finite_samples(torch.full((3, 4), 3e38), "training inputs")  # finite values whose float32 sum overflows
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.full((3, 4), 3e38)
+        x[2, 1] = bad
+        with pytest.raises(NonFiniteError, match="training inputs are not finite at sample 2 \\(1 samples in all\\)"):
+            _check_finite_samples(x, "training inputs")
+    x = torch.zeros(5, 2, dtype=torch.float64)
+    x[1, 0], x[3, 1] = float("inf"), -float("inf")  # their sum is NaN
+    with pytest.raises(NonFiniteError, match="at sample 1 \\(2 samples in all\\)"):
+        _check_finite_samples(x, "training inputs")
