@@ -631,6 +631,7 @@ def large_in_fresh_process(args, model, x, y, x_val, y_val) -> dict:
     the data, the network): its peak memory is the process's, not this benchmark's leftovers."""
     import multiprocessing
     import tempfile
+    from queue import Empty
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "large.pt"
@@ -639,7 +640,14 @@ def large_in_fresh_process(args, model, x, y, x_val, y_val) -> dict:
         queue = context.Queue()
         child = context.Process(target=_large_child, args=(str(path), vars(args), queue))
         child.start()
-        result = queue.get()
+        while True:
+            try:
+                result = queue.get(timeout=10)
+                break
+            except Empty:
+                if not child.is_alive():  # killed (e.g. out of memory) before it could report
+                    result = {"error": f"the process exited with code {child.exitcode}"}
+                    break
         child.join()
     if "error" in result:
         raise RuntimeError(f"the m={len(y):,} analysis failed in its process: {result['error']}")
