@@ -645,8 +645,11 @@ def large_in_fresh_process(args, model, x, y, x_val, y_val) -> dict:
                 result = queue.get(timeout=10)
                 break
             except Empty:
-                if not child.is_alive():  # killed (e.g. out of memory) before it could report
-                    result = {"error": f"the process exited with code {child.exitcode}"}
+                if not child.is_alive():  # killed (e.g. out of memory) before it could report, or just done
+                    try:
+                        result = queue.get(timeout=5)
+                    except Empty:
+                        result = {"error": f"the process exited with code {child.exitcode}"}
                     break
         child.join()
     if "error" in result:

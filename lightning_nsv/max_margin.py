@@ -267,8 +267,8 @@ class _DenseColumns:
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
-    outnumber 1/16 of the members (64 at least). Memory ``8·n`` bytes per stored column, at most 1/16 more than the
-    members' columns."""
+    outnumber 1/16 of the members (64 at least). Memory ``8·n`` bytes per stored column: the members' and at most
+    ``max(64, members / 16)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
         self.q_columns = q_columns
@@ -404,7 +404,7 @@ class _FreeSet:
         self.store = store
         self.index: list[int] = []
         self._chol = np.zeros((0, 0), order="F")
-        self._memory: np.ndarray | None = None  # the factor is a view of its first n² entries
+        self._memory: np.ndarray | None = None  # the factor is a view of its first n² entries; it never shrinks
 
     def __len__(self) -> int:
         return len(self.index)
@@ -472,7 +472,7 @@ class _FreeSet:
         """Delete members. The kept rows after the first deleted one, ``M = [L_KK | L_KD]``, span the new trailing
         block ``M Mᵀ``: a triangular-pentagonal QR (LAPACK ``tpqrt``) of ``[L_KKᵀ; L_KDᵀ]`` gives its factor in
         ``O(k·r²)`` for ``k`` deleted and ``r`` trailing members. The new factor is written over the old one's memory
-        (its first ``(n − k)²`` entries, column by column): no second ``n×n`` array."""
+        (its first ``(n − k)²`` entries, column by column): besides it only the ``r×r`` trailing block is copied."""
         positions = np.unique(np.asarray(positions, dtype=np.int64))
         if not len(positions):
             return
@@ -480,9 +480,13 @@ class _FreeSet:
         keep = np.setdiff1d(np.arange(n), positions)
         after = keep[keep > p]
         r, chol, size = len(after), self._chol, len(keep)
-        if r:
+        if r:  # the new trailing block, from copies, before the old factor is overwritten
             upper = _submatrix(chol, after, after).T  # F-contiguous, upper triangular
             pentagon = _submatrix(chol, after, positions).T
+            upper, *_, info = scipy.linalg.lapack.dtpqrt(0, min(32, r), upper, pentagon, overwrite_a=1, overwrite_b=1)
+            if info != 0:
+                raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
+            upper *= np.sign(np.diag(upper))[:, None]
         flat = chol.reshape(-1, order="F")  # a view: chol is Fortran-contiguous
         for lo in range(0, p, REMOVE_COLUMNS):
             # column j moves from offset j·n to j·size <= j·n: a strip is read whole before it is written, and
@@ -492,10 +496,6 @@ class _FreeSet:
             flat[lo * size:hi * size] = strip.ravel(order="F")
         factor = flat[:size * size].reshape((size, size), order="F")
         if r:
-            upper, *_, info = scipy.linalg.lapack.dtpqrt(0, min(32, r), upper, pentagon, overwrite_a=1, overwrite_b=1)
-            if info != 0:
-                raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
-            upper *= np.sign(np.diag(upper))[:, None]
             factor[:p, p:] = 0.0
             factor[p:, p:] = upper.T  # strictly lower part of `upper` is 0
         self._chol = factor

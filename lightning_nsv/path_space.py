@@ -173,10 +173,10 @@ def _kernel_block(
 
 def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = False,
                          dtype: torch.dtype | None = None) -> Tensor:
-    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``, in ``dtype`` (default that of the
-    slopes, else of ``x``; inputs of a narrower dtype are converted a chunk of rows at a time)."""
+    """``K(x_i, x_i) = ||phi(x_i)||²`` for each sample, in ``O(n·(f + Σ Ω_l))``, in ``dtype`` (default the wider of
+    the inputs' and the slopes'; inputs of a narrower dtype are converted a chunk of rows at a time)."""
     x = x.reshape(x.shape[0], -1)
-    dtype = dtype or (slopes[0].dtype if len(slopes) else x.dtype)
+    dtype = dtype or (torch.promote_types(x.dtype, slopes[0].dtype) if len(slopes) else x.dtype)
     chunks = _InputChunks(x, dtype)
     squares = torch.cat([(chunks(rows) ** 2).sum(1) for rows in chunks.ranges()]) if len(x) \
         else x.new_zeros(0, dtype=dtype)
@@ -187,7 +187,7 @@ INPUT_CHUNK_BYTES = 8 << 20  # rows of the training inputs converted to the anal
 
 
 def _chunk_rows(x: Tensor, dtype: torch.dtype) -> int:
-    return max(1, INPUT_CHUNK_BYTES // max(1, x.shape[1] * torch.finfo(dtype).bits // 8))
+    return max(1, INPUT_CHUNK_BYTES // max(1, x.shape[1] * torch.empty((), dtype=dtype).element_size()))
 
 
 class _InputChunks:
@@ -343,15 +343,20 @@ class InputGramCache:
         return False
 
     def rows(self, x: Tensor, idx: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        """``(X Xᵀ)[idx, :]`` in ``dtype`` (default that of ``x``; a new tensor), from kept rows where present;
-        computed rows are kept."""
-        view = self.rows_view(_InputChunks(x, x.dtype if dtype is None else dtype), idx)
+        """``(X Xᵀ)[idx, :]`` in ``dtype`` (default the one the cache was attached with; a new tensor), from kept rows
+        where present; computed rows are kept."""
+        if dtype is None:
+            dtype = x.dtype if self._fingerprint is None else self._fingerprint[0][2]
+        view = self.rows_view(_InputChunks(x, dtype), idx)
         return view.clone() if self.shares(view) else view
 
     def rows_view(self, chunks: _InputChunks, idx: Tensor) -> Tensor:
         """:meth:`rows` of ``chunks.x`` in ``chunks.dtype``, but the cache's own block when it holds exactly these
         rows (read it, do not write it)."""
         x = chunks.x
+        if self._fingerprint is not None and self._fingerprint[0][2] != chunks.dtype:
+            raise ValueError(f"the cache holds rows in {self._fingerprint[0][2]}, asked for {chunks.dtype}: attach it "
+                             "again for another dtype")
         if not len(idx):
             return x.new_empty(0, x.shape[0], dtype=chunks.dtype)
         distinct = len(torch.unique(idx)) == len(idx)
@@ -420,8 +425,9 @@ class PathKernelColumns:
     The input Gram ``X Xᵀ[:, idx]`` is computed in the analysis dtype ``dtype`` (default that of ``x``); inputs of
     a narrower float dtype stay as given and are converted a chunk of rows at a time (exact: no ``dtype`` copy of
     the training set is held). An :class:`InputGramCache` keeps its rows between analyses of the same inputs.
-    Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache).
-    Everything runs on the device of ``x``.
+    Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache), with one
+    conversion buffer per instance: do not call one instance from several threads at once. Everything runs on the
+    device of ``x``.
 
     Cost per call: ``O(m·b·(f + Σ Ω_l))`` for ``b`` columns; memory ``O(m·b)`` plus ``x`` and the indicators.
     """
@@ -482,7 +488,10 @@ class PathKernelColumns:
         factor in place. ReLU-type layers without biases take the signs into the last layer's indicator product
         (exact integer counts ``±Π P_l P_lᵀ``) and scale the input Gram once."""
         cache = self.input_gram_cache if part is None else None
-        start, stop, _ = (slice(None) if part is None else part).indices(len(self))
+        start, stop, step = (slice(None) if part is None else part).indices(len(self))
+        if step != 1:
+            raise ValueError(f"`part` must be a range of consecutive samples, got a step of {step}")
+        stop = max(start, stop)
         if cache is not None:
             input_gram = cache.rows_view(self._chunks, idx)
             out = torch.empty_like(input_gram) if cache.shares(input_gram) else input_gram
@@ -530,9 +539,7 @@ class PathKernelColumns:
     def signed_rows(self, idx, signs, scale: float, part: slice | None = None) -> Tensor:
         """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""
         device = self.x.device
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=device)
-        signs = torch.as_tensor(np.asarray(signs), dtype=self.dtype, device=device)
-        return self._rows(idx, signs, 1.0 / scale, part)
+        return self._rows(_as_tensor(idx, torch.long, device), _as_tensor(signs, self.dtype, device), 1.0 / scale, part)
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""
@@ -541,6 +548,11 @@ class PathKernelColumns:
     def numpy(self, idx):
         """``K[:, idx]`` as a float64 numpy array in Fortran order (the solver's columns)."""
         return self.rows(idx).to("cpu", torch.float64).numpy().T
+
+
+def _as_tensor(values, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Indices or labels given as a tensor (on any device), an array or a list, as a tensor on ``device``."""
+    return torch.as_tensor(values if isinstance(values, Tensor) else np.asarray(values), dtype=dtype, device=device)
 
 
 def path_norm_squared(net: PathNetwork) -> float:

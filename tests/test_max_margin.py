@@ -150,11 +150,16 @@ def test_solver_progress_reports_every_iteration_and_changes_nothing():
     np.testing.assert_array_equal(reported.alpha_, plain.alpha_)
 
 
-def test_updates_and_downdates_in_place_give_the_factor_of_the_members():
+@pytest.mark.parametrize("columns_moved_at_once", [1, 3, 256])
+def test_updates_and_downdates_in_place_give_the_factor_of_the_members(monkeypatch, columns_moved_at_once):
     """Admitting blocks and deleting any members, in any order, leaves the Cholesky factor of the members' Gram
-    matrix (the factor lives in one block of memory that grows by copies only when too small)."""
+    matrix (the factor lives in one block of memory that grows by copies only when too small; its columns move in
+    groups, several groups per move when they are small)."""
+    import lightning_nsv.max_margin as max_margin_module
     from lightning_nsv.max_margin import _ColumnStore, _FreeSet
 
+    monkeypatch.setattr(max_margin_module, "REMOVE_COLUMNS", columns_moved_at_once)
+    monkeypatch.setattr(max_margin_module, "GROW_COLUMNS", columns_moved_at_once)
     rng = np.random.default_rng(0)
     for _ in range(100):
         m = int(rng.integers(2, 60))

@@ -231,6 +231,10 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
                                atol=1e-14 * np.abs(dense).max())
     np.testing.assert_allclose(path_space.path_kernel_diagonal(x32, layer_slopes, bias=bias).numpy(), np.diag(dense),
                                rtol=1e-15)
+    with pytest.raises(ValueError, match="`part` must be a range of consecutive samples, got a step of 2"):
+        columns.signed_rows(np.array([3]), y, 1.0, part=slice(0, 40, 2))
+    assert columns.signed_rows(torch.tensor([3]), torch.from_numpy(y), 1.0, part=slice(30, 20)).shape == (1, 0)
+    assert path_space.path_kernel_diagonal(x64, [s.float() for s in layer_slopes], bias=bias).dtype == torch.float64
     no_hidden = path_space.path_kernel_diagonal(x32, [], dtype=torch.float64)  # a linear network: no slopes
     assert no_hidden.dtype == torch.float64 and torch.equal(no_hidden, (x64 * x64).sum(1))
     with pytest.raises(ValueError, match="not exact in the analysis dtype torch.float32"):
@@ -255,8 +259,13 @@ def test_float32_inputs_give_the_float64_analysis(monkeypatch):
         assert got.kkt_residual <= 1e-10
     held = cache.samples
     assert cache.nbytes == 8 * len(y) * len(cache)  # float64 rows of float32 inputs
-    np.testing.assert_allclose(cache.rows(x32, held, torch.float64).numpy(), (x32[held].double() @ x32.double().T).numpy(),
-                               rtol=1e-15, atol=1e-15)
+    expected = (x32[held].double() @ x32.double().T).numpy()
+    for rows in (cache.rows(x32, held, torch.float64), cache.rows(x32, held)):  # default: the attached dtype
+        assert rows.dtype == torch.float64
+        np.testing.assert_allclose(rows.numpy(), expected, rtol=1e-15, atol=1e-15)
+    with pytest.raises(ValueError, match="the cache holds rows in torch.float64, asked for torch.float32"):
+        cache.rows(x32, held, torch.float32)
+    np.testing.assert_allclose(cache.rows(x32, held).numpy(), expected, rtol=1e-15, atol=1e-15)  # left intact
 
 
 def test_finite_check_passes_overflowing_sums_and_names_every_kind_of_bad_value():
