@@ -177,17 +177,11 @@ def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = Fa
     the inputs' and the slopes'; inputs of a narrower dtype are converted a chunk of rows at a time)."""
     x = x.reshape(x.shape[0], -1)
     dtype = dtype or (torch.promote_types(x.dtype, slopes[0].dtype) if len(slopes) else x.dtype)
-    chunks = _InputChunks(x, dtype)
-    squares = torch.cat([(chunks(rows) ** 2).sum(1) for rows in chunks.ranges()]) if len(x) \
-        else x.new_zeros(0, dtype=dtype)
+    squares = _InputChunks(x, dtype).concat(lambda chunk: (chunk * chunk).sum(1))
     return _combine(squares, [(s * s).to(dtype).sum(1) for s in slopes], bias)
 
 
 INPUT_CHUNK_BYTES = 8 << 20  # rows of the training inputs converted to the analysis dtype at a time
-
-
-def _chunk_rows(x: Tensor, dtype: torch.dtype) -> int:
-    return max(1, INPUT_CHUNK_BYTES // max(1, x.shape[1] * torch.empty((), dtype=dtype).element_size()))
 
 
 class _InputChunks:
@@ -196,7 +190,7 @@ class _InputChunks:
 
     def __init__(self, x: Tensor, dtype: torch.dtype) -> None:
         self.x, self.dtype = x, dtype
-        self.step = _chunk_rows(x, dtype)
+        self.step = max(1, INPUT_CHUNK_BYTES // max(1, x.shape[1] * torch.empty((), dtype=dtype).element_size()))
         self._buffer: Tensor | None = None
 
     def ranges(self, start: int = 0, stop: int | None = None) -> list[slice]:
@@ -209,6 +203,11 @@ class _InputChunks:
         if self._buffer is None:
             self._buffer = torch.empty(self.step, self.x.shape[1], dtype=self.dtype, device=self.x.device)
         return self._buffer[:rows.stop - rows.start].copy_(self.x[rows])
+
+    def concat(self, per_row) -> Tensor:
+        """``per_row`` (a function of a chunk giving one value per row) over all rows, concatenated."""
+        return torch.cat([per_row(self(rows)) for rows in self.ranges()]) if len(self.x) \
+            else per_row(self.x[:0].to(self.dtype))
 
 
 def analysis_inputs(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -283,8 +282,7 @@ def path_kernel(
 def random_projection(a: Tensor, generator: torch.Generator) -> Tensor:
     """``a r`` in float64 for a Gaussian ``r`` drawn from ``generator``: a fingerprint of the rows of ``a``."""
     r = torch.randn(a.shape[1], generator=generator, dtype=torch.float64).to(a.device)
-    chunks = _InputChunks(a, torch.float64)
-    return torch.cat([chunks(rows) @ r for rows in chunks.ranges()]) if len(a) else a.new_zeros(0, dtype=r.dtype)
+    return _InputChunks(a, torch.float64).concat(lambda chunk: chunk @ r)
 
 
 RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)
@@ -375,10 +373,14 @@ class InputGramCache:
             self._next_slot += len(missing)
         return self._gather(self._slot[idx])
 
+    def _is_last_block(self, slots: Tensor) -> bool:
+        """Whether ``slots`` are exactly those of the last block, in order."""
+        return len(slots) == len(self._blocks[-1]) and torch.equal(
+            slots, torch.arange(self._starts[-1], self._next_slot, device=slots.device))
+
     def _gather(self, slots: Tensor) -> Tensor:
         last = self._blocks[-1]
-        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self._next_slot,
-                                                                        device=slots.device)):
+        if self._is_last_block(slots):
             return last
         out = last.new_empty(len(slots), last.shape[1])
         for start, block in zip(self._starts, self._blocks):
@@ -400,9 +402,8 @@ class InputGramCache:
         slots, order = torch.sort(self._slot[samples])  # kept in slot order: each block's rows are copied once
         samples = samples[order]
         last, kept = self._blocks[-1], None
-        if len(slots) == len(last) and torch.equal(slots, torch.arange(self._starts[-1], self._next_slot,
-                                                                       device=slots.device)):
-            kept = last  # the last block holds exactly these rows
+        if self._is_last_block(slots):
+            kept = last
         elif len(samples):
             kept = last.new_empty(len(samples), last.shape[1])
             bounds = torch.searchsorted(slots, torch.tensor(self._starts + [self._next_slot], device=slots.device))

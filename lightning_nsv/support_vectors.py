@@ -286,8 +286,7 @@ def network_support_vectors(
     else:
         if sharing is not None:
             cache = None
-        columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas, bias=bias,
-                                    input_gram_cache=cache, dtype=net.dtype)
+        columns = _kernel_columns(on_device, x_train, slopes_train, cache)
         if initial is None and cache is not None and len(cache):
             initial = cache.samples.cpu().numpy()  # the previous support (the cache holds these inputs' rows)
         if initial is None:
@@ -331,10 +330,15 @@ def serve_kernel_columns(net: PathNetwork, x_train: Tensor, *, group: Any = None
     :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of column blocks computed."""
     x_train = analysis_inputs(x_train.reshape(len(x_train), -1), net.dtype)
     on_device = _network_on(net, x_train.device)
-    slopes_train = forward_with_slopes(on_device, x_train)[1]
-    columns = PathKernelColumns(x_train, slopes_train, on_device.betas, on_device.gammas,
-                                bias=net.biases is not None, dtype=net.dtype)
-    return serve(columns, group, root)
+    return serve(_kernel_columns(on_device, x_train, forward_with_slopes(on_device, x_train)[1]), group, root)
+
+
+def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Tensor],
+                    cache: InputGramCache | None = None) -> PathKernelColumns:
+    """The kernel columns of ``x_train`` (as :func:`analysis_inputs` keeps it) that the root and the serving ranks
+    compute alike."""
+    return PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=net.biases is not None,
+                             input_gram_cache=cache, dtype=net.dtype)
 
 
 def _network_on(net: PathNetwork, device: torch.device) -> PathNetwork:
