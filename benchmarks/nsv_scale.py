@@ -558,7 +558,7 @@ def compare_main(args, log):
                          "note": "", "warnings": []})
     row("exact dense reference: active set on the dense kernel", exact, reference, reference)
 
-    net_dev, x_dev, xv_dev = _to(net, device), x.to(device), x_val.to(device)
+    net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
     gram_cache = InputGramCache()  # what a callback keeps between analyses
     first = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
                      cache=gram_cache)
@@ -578,7 +578,7 @@ def compare_main(args, log):
     out2 = forward_with_slopes(net2, x64)[0]
     if bool((y * out2 > 0).all()):
         log(f"m={m:,}: {args.more_epochs} more epochs, warm start from the previous support")
-        net2_dev = _to(net2, device)
+        net2_dev = net2.to(device)
         misses = gram_cache.misses
         warm = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
                         cache=gram_cache)
@@ -671,7 +671,7 @@ def _large_child(path: str, arguments: dict, queue) -> None:
         device = torch.device(args.device)
         x, y = saved["x"], saved["y"]
         del saved["x"], saved["y"]
-        r = measured(network_support_vectors, _to(net, device), x.to(device), y.to(device),
+        r = measured(network_support_vectors, net.to(device), x.to(device), y.to(device),
                      saved["x_val"].to(device), saved["y_val"].to(device))
         svm = r["out"].svm
         x64 = x.reshape(len(x), -1).to(torch.float64)
@@ -683,13 +683,6 @@ def _large_child(path: str, arguments: dict, queue) -> None:
                    "kkt_fresh": kkt_all(columns.numpy, torch.where(y > 0, 1.0, -1.0).double().numpy(), svm)})
     except Exception as error:  # reported by the parent
         queue.put({"error": repr(error)})
-
-
-def _to(net, device):
-    if device.type == "cpu":
-        return net
-    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
-    return PathNetwork(move(net.weights), None if net.biases is None else move(net.biases), net.betas, net.gammas)
 
 
 def load_data(args, n):

@@ -117,6 +117,7 @@ def max_margin(
     tol: float = 1e-10,
     max_iter: int | None = None,
     initial: np.ndarray | None = None,
+    device: str | torch.device | None = None,
 ) -> MaxMarginResult:
     """Max-margin classifier on a precomputed kernel.
 
@@ -137,6 +138,11 @@ def max_margin(
         tol: optimality tolerance on ``1 − y_i f(x_i)`` for the active-set solver.
         max_iter: bound on active-set iterations (default ``10·m``).
         initial: indices to try first as support vectors (e.g. smallest network margins).
+        device: where the active-set solver keeps the kernel columns and the Cholesky factor and runs its
+            products, triangular solves and factor updates (torch, float64); ``None``: numpy on the CPU (faster
+            there for these small, latency-bound steps). A ``kernel`` with ``signed_rows(idx, y, scale)`` (e.g.
+            :class:`~lightning_nsv.path_space.PathKernelColumns` on that device) hands its columns over in place.
+            Solutions agree with the numpy ones to rounding (tested on the CPU).
 
     Raises:
         ValueError: on shapes or labels that do not fit.
@@ -158,7 +164,9 @@ def max_margin(
     if intercept:
         full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
-    return _active_set(columns, y, scale, tol, max_iter, initial)
+    if device is not None and not callable(kernel):
+        columns = torch.from_numpy(dense)  # rows by index, moved to the device a block at a time
+    return _active_set(columns, y, scale, tol, max_iter, initial, None if device is None else torch.device(device))
 
 
 def pair_max_margin(
@@ -289,10 +297,17 @@ class _ColumnStore:
         weights = [np.zeros(block.shape[1]) for block in self._blocks]
         for (b, c), a in zip(self._where, alpha):
             weights[b][c] = a
+        return self._times(weights)
+
+    def _times(self, weights: list[np.ndarray]) -> np.ndarray:
         out = np.zeros(self.n)
         for block, w in zip(self._blocks, weights):
             out += block @ w
         return out
+
+    @staticmethod
+    def _columns_of(block: np.ndarray, columns: list[int]) -> np.ndarray:
+        return np.asfortranarray(block[:, columns])
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""
@@ -311,7 +326,7 @@ class _ColumnStore:
             if b not in live:
                 continue
             columns = sorted(live[b])
-            kept = block if len(columns) == block.shape[1] else np.asfortranarray(block[:, columns])
+            kept = block if len(columns) == block.shape[1] else self._columns_of(block, columns)
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
             blocks.append(kept)
@@ -430,12 +445,20 @@ class _FreeSet:
     def solve_ones(self) -> np.ndarray:
         return self.solve(np.ones(len(self)))
 
+    def lower_solve(self, rhs: np.ndarray) -> np.ndarray:
+        """``L⁻¹ rhs``."""
+        return scipy.linalg.solve_triangular(self.chol, rhs, lower=True, check_finite=False)
+
+    def lower_t_solve(self, rhs: np.ndarray) -> np.ndarray:
+        """``L⁻ᵀ rhs``."""
+        return scipy.linalg.solve_triangular(self.chol, rhs, lower=True, trans="T", check_finite=False)
+
     def try_add(self, columns) -> bool:
         """Append the candidates of ``columns`` (from :meth:`fetch`) unless that makes ``Q_FF`` (numerically)
         singular."""
         new = columns.new
         q_fb, q_bb = columns.take(np.asarray(self.index, dtype=np.int64)), columns.take(new)
-        w = scipy.linalg.solve_triangular(self.chol, q_fb, lower=True, check_finite=False) if len(self) else q_fb
+        w = self.lower_solve(q_fb) if len(self) else q_fb
         schur = q_bb - w.T @ w
         try:
             l22 = np.linalg.cholesky(schur)
@@ -513,8 +536,112 @@ def _submatrix(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return out
 
 
-def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginResult:
+class _DeviceColumns(_DenseColumns):
+    """:class:`_DenseColumns` as an ``(n, b)`` float64 tensor on the solver's device."""
+
+    def take(self, rows) -> torch.Tensor:
+        return self.cols[torch.as_tensor(np.asarray(rows, dtype=np.int64), device=self.cols.device)]
+
+    def single(self, k: int) -> "_DeviceColumns":
+        return _DeviceColumns(self.new[k:k + 1], self.cols[:, k:k + 1].clone())
+
+
+class _DeviceColumnStore(_ColumnStore):
+    """:class:`_ColumnStore` with its blocks as tensors on ``device`` (``q_columns`` gives ``(n, b)`` tensors there);
+    ``Q[:, F] α`` comes back as a numpy vector."""
+
+    def __init__(self, q_columns: Callable[[np.ndarray], torch.Tensor], n: int, device: torch.device) -> None:
+        super().__init__(q_columns, n)
+        self.device = device
+
+    def fetch(self, new: np.ndarray) -> _DeviceColumns:
+        return _DeviceColumns(new, self.q_columns(new))
+
+    def _times(self, weights: list[np.ndarray]) -> np.ndarray:
+        out = torch.zeros(self.n, dtype=torch.float64, device=self.device)
+        for block, w in zip(self._blocks, weights):
+            out.addmv_(block, torch.from_numpy(w).to(self.device))
+        return out.cpu().numpy()
+
+    def _columns_of(self, block: torch.Tensor, columns: list[int]) -> torch.Tensor:
+        return block[:, torch.as_tensor(columns, device=self.device)]
+
+
+class _DeviceFreeSet(_FreeSet):
+    """:class:`_FreeSet` with the Cholesky factor of ``Q_FF`` a float64 tensor on the store's device: admission by
+    a block Cholesky step, deletion by a QR of the kept trailing rows (what LAPACK ``tpqrt`` does on the CPU path).
+    Vectors in and out are numpy arrays (``n`` or ``m`` entries a step: small next to the columns)."""
+
+    def __init__(self, store: _DeviceColumnStore) -> None:
+        super().__init__(store)
+        self.device = store.device
+        self._chol = torch.zeros(0, 0, dtype=torch.float64, device=self.device)
+
+    def _on_device(self, values) -> torch.Tensor:
+        values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, dtype=np.float64))
+        return values.to(self.device, torch.float64)
+
+    def _triangular(self, rhs, transpose: bool) -> np.ndarray:
+        b = self._on_device(rhs)
+        vector = b.ndim == 1
+        b = b[:, None] if vector else b
+        out = torch.linalg.solve_triangular(self._chol.T if transpose else self._chol, b, upper=transpose)
+        return (out[:, 0] if vector else out).cpu().numpy()
+
+    def lower_solve(self, rhs) -> np.ndarray:
+        return self._triangular(rhs, transpose=False)
+
+    def lower_t_solve(self, rhs) -> np.ndarray:
+        return self._triangular(rhs, transpose=True)
+
+    def solve(self, rhs) -> np.ndarray:
+        if not len(self):
+            return rhs.cpu().numpy() if isinstance(rhs, torch.Tensor) else rhs
+        b = self._on_device(rhs)
+        vector = b.ndim == 1
+        out = torch.cholesky_solve(b[:, None] if vector else b, self._chol)
+        return (out[:, 0] if vector else out).cpu().numpy()
+
+    def try_add(self, columns: _DeviceColumns) -> bool:
+        new, n = columns.new, len(self)
+        q_fb, q_bb = columns.take(np.asarray(self.index, dtype=np.int64)), columns.take(new)
+        w = torch.linalg.solve_triangular(self._chol, q_fb, upper=False) if n else q_fb
+        l22, info = torch.linalg.cholesky_ex(q_bb - w.T @ w)
+        if int(info) != 0 or float(torch.diagonal(l22).min()) ** 2 <= 1e-10 * float(torch.diagonal(q_bb).max()):
+            return False
+        b = len(new)
+        chol = torch.zeros(n + b, n + b, dtype=torch.float64, device=self.device)
+        chol[:n, :n], chol[n:, :n], chol[n:, n:] = self._chol, w.T, l22
+        self._chol = chol
+        self.store.admit(columns)
+        self.index += new.tolist()
+        return True
+
+    def remove(self, positions: np.ndarray) -> None:
+        """Delete members: with ``p`` the first deleted position, the kept rows after it, ``M = L[after, p:]``,
+        give the new trailing block ``M Mᵀ = Rᵀ R`` from a QR of ``Mᵀ``."""
+        positions = np.unique(np.asarray(positions, dtype=np.int64))
+        if not len(positions):
+            return
+        n, p = len(self), int(positions[0])
+        keep = np.setdiff1d(np.arange(n), positions)
+        after = torch.as_tensor(keep[keep > p], device=self.device)
+        chol = self._chol
+        factor = chol[torch.as_tensor(keep, device=self.device)][:, torch.as_tensor(keep, device=self.device)]
+        if len(after):
+            r = torch.linalg.qr(chol[after, p:].T, mode="r").R
+            factor[p:, p:] = (r * torch.sign(torch.diagonal(r))[:, None]).T
+        self._chol = factor
+        self.index = [self.index[k] for k in keep]
+        self.store.keep(keep, len(self.index))
+
+
+def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None) -> MaxMarginResult:
     m = y.shape[0]
+    if device is not None:
+        store = _DeviceColumnStore(_device_q_columns(kernel_columns, y, scale, device), m, device)
+        with single_threaded_blas():
+            return _active_set_loop(store, y, scale, tol, max_iter, initial, _DeviceFreeSet)
     signed_columns = getattr(kernel_columns, "signed_columns", None)
 
     def q_columns(idx):
@@ -527,6 +654,32 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial) -> MaxMarginRe
 
     with single_threaded_blas():
         return _active_set_loop(_ColumnStore(q_columns, m), y, scale, tol, max_iter, initial)
+
+
+def _device_q_columns(kernel_columns, y: np.ndarray, scale: float, device: torch.device):
+    """``idx -> Q[:, idx]`` as an ``(m, b)`` float64 tensor on ``device``."""
+    labels = torch.from_numpy(y).to(device)
+    if isinstance(kernel_columns, torch.Tensor):  # a dense kernel: its rows are its columns
+        def columns(idx):
+            rows = torch.as_tensor(idx, dtype=torch.long)
+            return kernel_columns[rows].to(device, torch.float64).T
+    elif hasattr(kernel_columns, "signed_rows"):
+        return lambda idx: kernel_columns.signed_rows(idx, y, scale).to(device, torch.float64).T
+    elif hasattr(kernel_columns, "signed_columns"):
+        return lambda idx: torch.from_numpy(kernel_columns.signed_columns(idx, y, scale)).to(device)
+    else:
+        def columns(idx):
+            cols = kernel_columns(idx)
+            cols = cols if isinstance(cols, torch.Tensor) else torch.from_numpy(_finite_columns(cols))
+            return cols.to(device, torch.float64)
+
+    def q_columns(idx):
+        cols = columns(idx)
+        if not bool(torch.isfinite(cols).all()):
+            _finite_columns(cols.cpu().numpy())  # raises, naming the sample
+        return cols * labels[:, None] * (labels[torch.as_tensor(idx, dtype=torch.long, device=device)] / scale)[None, :]
+
+    return q_columns
 
 
 def _finite_columns(cols) -> np.ndarray:
@@ -553,10 +706,10 @@ def solver_progress(report: Callable[[int, int, float], None]) -> Iterator[None]
         _PROGRESS.reset(token)
 
 
-def _active_set_loop(store, y, scale, tol, max_iter, initial) -> MaxMarginResult:
+def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None) -> MaxMarginResult:
     m = y.shape[0]
     report = _PROGRESS.get()
-    free = _FreeSet(store)
+    free = (free_set or _FreeSet)(store)
     alpha = np.zeros(0)
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
@@ -648,8 +801,7 @@ def _descend_steps(free: _FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.nd
     n = len(alpha)
     if not n:
         return alpha, np.zeros(0, dtype=np.int64), True
-    chol = free.chol
-    u = scipy.linalg.solve_triangular(chol, np.ones(n), lower=True, check_finite=False)
+    u = free.lower_solve(np.ones(n))
     dropped = np.zeros(n, dtype=bool)
     z = np.zeros((n, 0))
     while True:
@@ -659,10 +811,10 @@ def _descend_steps(free: _FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.nd
             except np.linalg.LinAlgError:  # Q_FF too ill-conditioned to hold members at zero: downdate now
                 return alpha, np.flatnonzero(dropped), False
             mu = scipy.linalg.cho_solve(gram, -(z.T @ u), check_finite=False)
-            target = scipy.linalg.solve_triangular(chol, u + z @ mu, lower=True, trans="T", check_finite=False)
+            target = free.lower_t_solve(u + z @ mu)
             target[dropped] = 0.0
         else:
-            target = scipy.linalg.solve_triangular(chol, u, lower=True, trans="T", check_finite=False)
+            target = free.lower_t_solve(u)
         blocking = (target <= 0) & ~dropped
         if not blocking.any():
             return target, np.flatnonzero(dropped), True
@@ -680,7 +832,7 @@ def _descend_steps(free: _FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.nd
             return alpha, np.flatnonzero(dropped), False
         unit = np.zeros((n, len(new)))
         unit[new, np.arange(len(new))] = 1.0
-        z = np.hstack([z, scipy.linalg.solve_triangular(chol, unit, lower=True, check_finite=False)])
+        z = np.hstack([z, free.lower_solve(unit)])
 
 
 def _refine(free: _FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarray:
@@ -705,7 +857,7 @@ def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
     """``y_j phi_j`` lies in the span of the free set: move along the null direction of ``Q`` until a free
     coefficient reaches zero, drop it, then admit ``j``."""
     columns = free.fetch(np.array([j]))
-    coef = scipy.linalg.cho_solve((free.chol, True), columns.take(np.asarray(free.index))[:, 0], check_finite=False)
+    coef = free.solve(columns.take(np.asarray(free.index))[:, 0])
     if not np.any(coef > 0):
         raise NotSeparableError(
             f"sample {j} is a non-positive combination of support vectors with opposite margin: the data "

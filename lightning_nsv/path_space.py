@@ -96,6 +96,19 @@ class PathNetwork:
         return self.weights[0].dtype
 
     @property
+    def device(self) -> torch.device:
+        return self.weights[0].device
+
+    def to(self, device: torch.device | str) -> "PathNetwork":
+        """The same network with its tensors on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.device == device or (device.index is None and self.device.type == device.type):
+            return self
+        move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+        return PathNetwork(move(self.weights), None if self.biases is None else move(self.biases), self.betas,
+                           self.gammas)
+
+    @property
     def depth(self) -> int:
         """Number of hidden layers ``d``."""
         return len(self.weights) - 1

@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 KERNEL_MODES = ("auto", "dense", "columns")
+SOLVERS = ("auto", "numpy", "torch")
 
 
 class NonFiniteError(ValueError):
@@ -218,6 +219,7 @@ def network_support_vectors(
     initial: Sequence[int] | np.ndarray | Tensor | None = None,
     cache: InputGramCache | None = None,
     sharing: ColumnSharing | None = None,
+    solver: str = "auto",
 ) -> SupportVectorAnalysis:
     """Fit the max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
@@ -226,7 +228,8 @@ def network_support_vectors(
     path kernel in float64 (``8·m²`` bytes, m = 60,000: 28.8 GB; ``O(m²·(f + Σ Ω_l))`` time). ``"auto"`` takes
     columns for the problem through the origin (faster at every size measured) and the dense kernel for the
     intercept protocol, which needs it, up to ``max_dense_bytes``. Validation needs the kernel between validation
-    samples and support vectors only. Computations run on the device of ``x_train``; the solver on the CPU.
+    samples and support vectors only. Computations run on the device of ``x_train``, the solver's too unless
+    ``solver="numpy"`` (see ``solver``).
 
     Args:
         net: the path part at the frozen weights.
@@ -248,6 +251,9 @@ def network_support_vectors(
         sharing: a :class:`~lightning_nsv.sharded.ColumnSharing` of the root rank of a ``torch.distributed``
             group: the kernel columns are computed by every rank of the group on its shard of the rows (the other
             ranks run :func:`serve_kernel_columns` on the same inputs meanwhile); ``cache`` is then not used.
+        solver: where the active-set solver of the problem through the origin keeps its columns and factor:
+            ``"torch"`` on the device of ``x_train``, ``"numpy"`` on the CPU; ``"auto"`` (default) takes torch for
+            inputs on an accelerator and numpy for CPU inputs (faster there). Same solution either way, to rounding.
 
     Raises:
         NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
@@ -259,8 +265,11 @@ def network_support_vectors(
         raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
     if not max_dense_bytes >= 1:
         raise ValueError(f"`max_dense_bytes` must be at least 1, got {max_dense_bytes}")
+    if solver not in SOLVERS:
+        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
     _check_finite_network(net)
     device = x_train.device
+    solver_device = device if solver == "torch" or (solver == "auto" and device.type != "cpu") else None
     x_train = x_train.reshape(len(x_train), -1)
     _check_finite_samples(x_train, "training inputs")
     y = signed_labels(y_train).to(device)
@@ -269,7 +278,7 @@ def network_support_vectors(
     if intercept and len(torch.unique(y)) < 2:
         raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
                          f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
-    on_device = _network_on(net, device)
+    on_device = net.to(device)
     x_train = analysis_inputs(x_train, net.dtype)  # float32 inputs stay float32: the kernels convert chunks
     outputs, slopes_train = forward_with_slopes(on_device, x_train)
     _check_finite_samples(outputs[:, None], "network outputs")
@@ -282,7 +291,7 @@ def network_support_vectors(
     if uses_dense_kernel(kernel, intercept):
         _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept)
         svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=bias, block_size=block_size), y,
-                         intercept=intercept, C=C)
+                         intercept=intercept, C=C, device=solver_device)
     else:
         if sharing is not None:
             cache = None
@@ -294,7 +303,7 @@ def network_support_vectors(
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype)
         svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
-                         initial=initial)
+                         initial=initial, device=solver_device)
         if cache is not None:
             cache.keep(svm.support_)
 
@@ -329,7 +338,7 @@ def serve_kernel_columns(net: PathNetwork, x_train: Tensor, *, group: Any = None
     root asks for, on this rank's shard of the rows of the same ``net`` and ``x_train``, until the root's
     :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of column blocks computed."""
     x_train = analysis_inputs(x_train.reshape(len(x_train), -1), net.dtype)
-    on_device = _network_on(net, x_train.device)
+    on_device = net.to(x_train.device)
     return serve(_kernel_columns(on_device, x_train, forward_with_slopes(on_device, x_train)[1]), group, root)
 
 
@@ -339,13 +348,6 @@ def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Te
     compute alike."""
     return PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=net.biases is not None,
                              input_gram_cache=cache, dtype=net.dtype)
-
-
-def _network_on(net: PathNetwork, device: torch.device) -> PathNetwork:
-    if net.weights[0].device == device:
-        return net
-    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
-    return PathNetwork(move(net.weights), None if net.biases is None else move(net.biases), net.betas, net.gammas)
 
 
 def _check_finite_network(net: PathNetwork) -> None:

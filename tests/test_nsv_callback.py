@@ -237,6 +237,25 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     assert len(list((Path(run.logger.log_dir) / "nsv").glob("*.pt"))) == len(ratios)
 
 
+def test_the_torch_solver_gives_the_numpy_analysis(tmp_path):
+    """``solver="torch"`` (what an accelerator gets by default), here on the CPU: the same repeated analyses."""
+    runs = {}
+    for solver in ("numpy", "torch"):
+        pl.seed_everything(0)
+        callback = NetworkSupportVectors(stop_on_zero_error=False, every_n_epochs=2, solver=solver)
+        trainer(tmp_path / solver, callback, max_epochs=32, logger=False).fit(
+            LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01),
+            datamodule=DigitsDataModule(m=200, seed=0, batch_size=50))
+        runs[solver] = callback
+    numpy_run, torch_run = runs["numpy"], runs["torch"]
+    assert len(numpy_run.history) >= 2 and len(torch_run.history) == len(numpy_run.history)
+    np.testing.assert_array_equal(torch_run.analysis.svm.support_, numpy_run.analysis.svm.support_)
+    for a, b in zip(numpy_run.history, torch_run.history):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -246,6 +265,7 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
         ({"C": 0}, "`C` must be positive, got 0"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
         ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),
+        ({"solver": "gpu"}, "`solver` can be auto, numpy, torch, got 'gpu'"),
     ],
 )
 def test_argument_validation(kwargs, message):

@@ -23,6 +23,7 @@ from lightning_nsv.multiclass import class_labels, multiclass_support_vectors, p
 from lightning_nsv.path_space import InputGramCache, forward_with_slopes
 from lightning_nsv.support_vectors import (
     KERNEL_MODES,
+    SOLVERS,
     SupportVectorAnalysis,
     network_support_vectors,
     serve_kernel_columns,
@@ -93,6 +94,10 @@ class NetworkSupportVectors(Callback):
         seed: Seed of the random probe.
         multiclass: For heads with K >= 2 outputs: ``"exact"``, the multi-class max-margin problem through the
             origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
+        solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
+            ``"torch"`` on the module's device, ``"numpy"`` on the CPU, ``"auto"`` torch on an accelerator and
+            numpy on the CPU (faster there). The zero-error pass and the kernel columns run on the module's device
+            in float64 whatever the solver; multi-class heads solve on the CPU.
 
     Raises:
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
@@ -146,6 +151,7 @@ class NetworkSupportVectors(Callback):
         max_images: int = 16,
         seed: int = 0,
         multiclass: Literal["exact", "ovr"] = "exact",
+        solver: Literal["auto", "numpy", "torch"] = "auto",
     ) -> None:
         for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
                             ("max_dense_bytes", max_dense_bytes)):
@@ -161,7 +167,10 @@ class NetworkSupportVectors(Callback):
             raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
         if multiclass not in MULTICLASS_METHODS:
             raise ValueError(f"`multiclass` can be {', '.join(MULTICLASS_METHODS)}, got {multiclass!r}")
+        if solver not in SOLVERS:
+            raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
         self.multiclass = multiclass
+        self.solver = solver
         self.kernel = kernel
         self.max_dense_bytes = max_dense_bytes
         self.every_n_epochs = every_n_epochs
@@ -441,14 +450,15 @@ class NetworkSupportVectors(Callback):
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
                 keep: list | None = None) -> list[int]:
         """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches."""
-        wrong = []
+        wrong, on_device = [], None
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _gather(dataset, chunk)
-            embedded = self._path.embed(x.to(pl_module.device)).cpu()
+            embedded = self._path.embed(x.to(pl_module.device))  # stays there: the analysis runs there too
             if keep is not None:
                 keep.append((embedded, y))
-            outputs, _ = forward_with_slopes(net, embedded)
+            on_device = net.to(embedded.device) if on_device is None else on_device
+            outputs = forward_with_slopes(on_device, embedded)[0].cpu()
             bad = ~(self._margins(outputs, y) > 0)
             if not torch.isfinite(outputs).all():
                 self._explain_non_finite(x, outputs, chunk, pl_module)
@@ -544,6 +554,7 @@ class NetworkSupportVectors(Callback):
         if not self.history:  # one HParams session per run: the first analysis registers the metrics
             _register_hparams(trainer, pl_module, metrics)
         changed = self._patterns_changed(net, x_train)
+        x_train = x_train.cpu()
         if changed is not None:
             metrics["patterns_changed"] = float(changed)
         if self.history:
@@ -560,10 +571,10 @@ class NetworkSupportVectors(Callback):
 
     def _patterns_changed(self, net, x_train: Tensor) -> int | None:
         """Training samples whose activation pattern changed since the last analysis (None at the first)."""
-        slopes = forward_with_slopes(net, x_train)[1]
+        slopes = forward_with_slopes(net.to(x_train.device), x_train)[1]
         if not slopes:
             return None
-        bits = torch.cat([s == g for s, g in zip(slopes, net.gammas)], dim=1).numpy()
+        bits = torch.cat([s == g for s, g in zip(slopes, net.gammas)], dim=1).cpu().numpy()
         packed = torch.from_numpy(np.packbits(bits, axis=1))
         previous, self._previous_patterns = self._previous_patterns, packed
         if previous is None or previous.shape != packed.shape:
@@ -575,16 +586,16 @@ class NetworkSupportVectors(Callback):
             return network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
                 kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None, cache=self._gram_cache, sharing=sharing,
+                initial=self._previous_support or None, cache=self._gram_cache, sharing=sharing, solver=self.solver,
             )
-        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
-                                          delta=self.delta)
+        return multiclass_support_vectors(net, x_train.cpu(), y_train, None if x_val is None else x_val.cpu(), y_val,
+                                          method=self.multiclass, delta=self.delta)
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
         loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, generator=torch.Generator())
         with eval_mode(pl_module), torch.no_grad():
-            parts = [(self._path.embed(x.to(pl_module.device)).cpu(), y) for x, y in map(_split_batch, loader)]
+            parts = [(self._path.embed(x.to(pl_module.device)), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _output_dir(self, trainer: pl.Trainer) -> Path:

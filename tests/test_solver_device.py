@@ -1,0 +1,140 @@
+"""The active-set solver's torch backend (``device=...``, ``solver="torch"``), run on the CPU: the same solutions
+as the numpy backend, to rounding. On an accelerator the same torch calls run on its device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_nsv.max_margin import _DeviceColumnStore, _DeviceFreeSet, _device_q_columns, max_margin
+from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes
+from lightning_nsv.support_vectors import network_support_vectors
+from tests.test_path_space import random_net
+from tests.test_support_vectors import self_labelled
+
+
+def _assert_same_solution(a, b, tol=1e-10):
+    np.testing.assert_array_equal(a.support_, b.support_)
+    np.testing.assert_allclose(b.alpha_, a.alpha_, rtol=0, atol=tol * a.alpha_.max())
+    assert abs(b.margin - a.margin) <= tol * a.margin
+    np.testing.assert_allclose(b.functional_margins, a.functional_margins, rtol=0, atol=tol * 10)
+    assert b.kkt_residual <= 1e-10 and a.kkt_residual <= 1e-10
+
+
+def _separable(rng, m, f, duplicates=0):
+    x = rng.standard_normal((m, f))
+    if duplicates:  # pairs 1e-7 apart: a nearly singular Q_FF, steps that drop and re-admit members
+        x[-duplicates:] = x[:duplicates] + 1e-7 * rng.standard_normal((duplicates, f))
+    y = np.sign(x @ rng.standard_normal(f))
+    return x, np.where(y == 0, 1.0, y)
+
+
+@pytest.mark.parametrize("seed, m, f, duplicates, degree", [
+    (0, 120, 8, 0, 3), (1, 400, 20, 0, 2), (2, 300, 6, 60, 3), (3, 250, 3, 0, 5),
+])
+def test_torch_backend_gives_the_numpy_solution_on_dense_kernels(seed, m, f, duplicates, degree):
+    rng = np.random.default_rng(seed)
+    x, y = _separable(rng, m, f, duplicates)
+    kernel = (x @ x.T + 1.0) ** degree
+    reference = max_margin(kernel, y)
+    on_device = max_margin(kernel, y, device="cpu")
+    _assert_same_solution(reference, on_device)
+    assert on_device.iterations == reference.iterations
+
+
+def test_torch_backend_with_column_functions_and_a_warm_start():
+    rng = np.random.default_rng(4)
+    x, y = _separable(rng, 300, 10)
+    kernel = (x @ x.T + 1.0) ** 3
+    diag = np.diag(kernel).copy()
+    reference = max_margin(kernel, y)
+    initial = reference.support_[::2]
+    for columns in (lambda idx: kernel[:, idx], lambda idx: torch.from_numpy(kernel[:, idx])):
+        _assert_same_solution(reference, max_margin(columns, y, kernel_diag=diag, device="cpu"))
+        _assert_same_solution(reference, max_margin(columns, y, kernel_diag=diag, device="cpu", initial=initial))
+
+
+def test_torch_backend_names_a_non_finite_column():
+    rng = np.random.default_rng(5)
+    x, y = _separable(rng, 50, 4)
+    kernel = x @ x.T + 1.0
+    kernel[7, :] = kernel[:, 7] = np.nan
+    diag = np.ones(50)
+    with pytest.raises(ValueError, match="row 7"):
+        max_margin(lambda idx: kernel[:, idx], y, kernel_diag=diag, device="cpu")
+
+
+@pytest.mark.parametrize("group", [1, 3, 50])
+def test_device_factor_stays_the_cholesky_factor_of_the_free_set(group):
+    """Random admissions and deletions (several at once, anywhere): ``L Lᵀ = Q_FF`` with ``L`` lower triangular."""
+    rng = np.random.default_rng(group)
+    for _ in range(60):
+        m = int(rng.integers(2, 70))
+        a = rng.standard_normal((m, m + 5))
+        gram = a @ a.T
+        store = _DeviceColumnStore(lambda idx: torch.from_numpy(gram[:, idx]), m, torch.device("cpu"))
+        free = _DeviceFreeSet(store)
+        for _ in range(6):
+            outside = np.setdiff1d(np.arange(m), free.index)
+            if len(free) and (not len(outside) or rng.random() < 0.4):
+                deleted = rng.choice(len(free), int(rng.integers(1, min(group, len(free)) + 1)), replace=False)
+                kept = [member for k, member in enumerate(free.index) if k not in set(deleted.tolist())]
+                free.remove(deleted)
+                assert free.index == kept
+            else:
+                new = rng.choice(outside, int(rng.integers(1, min(group, len(outside)) + 1)), replace=False)
+                assert free.try_add(free.fetch(new))
+            factor, members = free.chol.numpy(), free.index
+            assert factor.shape == (len(members), len(members))
+            if members:
+                assert np.all(np.triu(factor, 1) == 0) and np.all(np.diag(factor) > 0)
+                np.testing.assert_allclose(factor @ factor.T, gram[np.ix_(members, members)], rtol=1e-9,
+                                           atol=1e-9 * np.abs(gram).max())
+                alpha = rng.standard_normal(len(members))
+                np.testing.assert_allclose(free.q_times(alpha), gram[:, members] @ alpha, rtol=1e-12,
+                                           atol=1e-12 * np.abs(gram).max() * np.abs(alpha).sum())
+                rhs = rng.standard_normal(len(members))
+                np.testing.assert_allclose(gram[np.ix_(members, members)] @ free.solve(rhs), rhs, rtol=0,
+                                           atol=1e-6 * np.abs(rhs).max())
+
+
+def test_signed_rows_hand_the_solver_its_columns():
+    rng = np.random.default_rng(6)
+    net = random_net((5, 4), in_features=6, beta=0.0, bias=False, seed=6)
+    x = torch.from_numpy(rng.standard_normal((80, 6)))
+    _, slopes = forward_with_slopes(net, x)
+    columns = PathKernelColumns(x, slopes, net.betas, net.gammas)
+    y = np.where(rng.random(80) < 0.5, -1.0, 1.0)
+    idx = np.array([3, 17, 42])
+    q = _device_q_columns(columns, y, 2.5, torch.device("cpu"))(idx)
+    np.testing.assert_allclose(q.numpy(), columns.signed_columns(idx, y, 2.5), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.2)])
+def test_network_support_vectors_same_with_either_solver(bias, beta):
+    net = random_net((8, 6), in_features=5, beta=beta, bias=bias, seed=7)
+    x, y = self_labelled(net, 400, seed=8)
+    x_val = torch.randn(60, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    results = {}
+    for solver in ("numpy", "torch"):
+        cache = InputGramCache()
+        first = network_support_vectors(net, x, y, x_val, (net_output(net, x_val) > 0).long(), cache=cache,
+                                        solver=solver, kernel="columns")
+        again = network_support_vectors(net, x, y, cache=cache, solver=solver, kernel="columns")  # warm start
+        dense = network_support_vectors(net, x, y, solver=solver, kernel="dense")
+        results[solver] = first, again, dense
+    for a, b in zip(results["numpy"], results["torch"]):
+        _assert_same_solution(a.svm, b.svm)
+        assert abs(a.cosine - b.cosine) <= 1e-10
+    assert results["torch"][0].val_agreement == results["numpy"][0].val_agreement
+
+
+def test_unknown_solver_is_refused():
+    net = random_net((4,), in_features=3, beta=0.0, bias=False, seed=8)
+    x, y = self_labelled(net, 20, seed=8)
+    with pytest.raises(ValueError, match="`solver` can be"):
+        network_support_vectors(net, x, y, solver="cuda")
+
+
+def net_output(net: PathNetwork, x: torch.Tensor) -> torch.Tensor:
+    return forward_with_slopes(net, x)[0]
