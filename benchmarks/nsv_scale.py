@@ -561,11 +561,16 @@ def compare_main(args, log):
     net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
     gram_cache = InputGramCache()  # what a callback keeps between analyses
     first = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                     cache=gram_cache)
+                     cache=gram_cache, solver=args.solver)
     log(f"m={m:,}: the package, network_support_vectors (kernel='auto')")
     pkg = row("package: network_support_vectors, end to end (validation on "
               f"{args.val_size:,} samples; cache=InputGramCache())", first, first["out"].svm, reference)
     facts["cache"] = f"{len(gram_cache):,} input-Gram rows, {gib(gram_cache.nbytes)} GiB kept after the first analysis"
+    other = "numpy" if args.solver == "torch" or (args.solver == "auto" and device.type != "cpu") else "torch"
+    second = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                      cache=InputGramCache(), solver=other)
+    row(f"package, solver='{other}' (the {'CPU' if other == 'numpy' else 'accelerator'} default, here on "
+        f"{device.type}); otherwise as above", second, second["out"].svm, reference)
     facts["speedup"] = [(name, rows[i]["wall"] / pkg["wall"], rows[i]["cpu"] / pkg["cpu"])
                         for i, name in ((2, "kernel + SVC default"), (4, "kernel + SVC tol 1e-5"))]
     columns = PathKernelColumns(x64, slopes, net.betas, net.gammas, bias=net.biases is not None)
@@ -581,9 +586,10 @@ def compare_main(args, log):
         net2_dev = net2.to(device)
         misses = gram_cache.misses
         warm = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                        cache=gram_cache)
+                        cache=gram_cache, solver=args.solver)
         facts["cache_warm"] = f"the warm start computed {gram_cache.misses - misses:,} input-Gram rows afresh"
-        cold = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
+        cold = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                        solver=args.solver)
         e = row(f"package, {args.more_epochs} more epochs: warm start (cache = the first analysis's "
                 "InputGramCache: its support's X Xᵀ rows and initial support)", warm, warm["out"].svm,
                 cold["out"].svm)
@@ -672,7 +678,7 @@ def _large_child(path: str, arguments: dict, queue) -> None:
         x, y = saved["x"], saved["y"]
         del saved["x"], saved["y"]
         r = measured(network_support_vectors, net.to(device), x.to(device), y.to(device),
-                     saved["x_val"].to(device), saved["y_val"].to(device))
+                     saved["x_val"].to(device), saved["y_val"].to(device), solver=args.solver)
         svm = r["out"].svm
         x64 = x.reshape(len(x), -1).to(torch.float64)
         columns = PathKernelColumns(x64, forward_with_slopes(net, x64)[1], net.betas, net.gammas,
@@ -775,6 +781,9 @@ def main(argv=None) -> None:
     parser.add_argument("--val-size", type=int, default=2_000, help="validation samples given to the analysis")
     parser.add_argument("--more-epochs", type=int, default=5, help="epochs between the first and the warm-started analysis")
     parser.add_argument("--device", default="cpu", help="device of the package's analysis (e.g. cuda)")
+    parser.add_argument("--solver", default="auto", choices=("auto", "numpy", "torch"),
+                        help="network_support_vectors(solver=...) of the package's steps; the other backend is "
+                             "timed once beside the first analysis")
     parser.add_argument("--cache-dir", default=None, help="save trained networks here and reuse them in later runs")
     args = parser.parse_args(argv)
     args.analysis_threads = args.threads or torch.get_num_threads()

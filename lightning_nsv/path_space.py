@@ -649,5 +649,7 @@ def unique_patterns(*slope_sets: Sequence[Tensor], gammas: Sequence[float]) -> i
         return 0
     pad = (-bits.shape[1]) % 8
     bits = torch.nn.functional.pad(bits.to(torch.uint8), (0, pad)).reshape(bits.shape[0], -1, 8)
-    packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
-    return int(torch.unique(packed, dim=0).shape[0])
+    packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8, device=bits.device)).sum(-1, dtype=torch.uint8)
+    # 8 bytes to an int64 word: one sort of integers where a pattern fits a word (rows of words otherwise)
+    words = torch.nn.functional.pad(packed, (0, (-packed.shape[1]) % 8)).contiguous().view(torch.int64)
+    return int((torch.unique(words[:, 0]) if words.shape[1] == 1 else torch.unique(words, dim=0)).shape[0])

@@ -103,6 +103,17 @@ def test_unique_patterns_by_hand():
     assert unique_patterns([wide], gammas=[1.0]) == 2
 
 
+@pytest.mark.parametrize("widths", [(3,), (16, 16, 16), (40, 40), (64,), (100, 7)])
+def test_unique_patterns_counts_distinct_rows(widths):
+    """Against a set of tuples: patterns of one machine word (<= 64 units) and of several, with repeats."""
+    g = torch.Generator().manual_seed(len(widths))
+    layers = [torch.where(torch.rand(300, w, generator=g) < 0.5, 1.0, 0.2) for w in widths]
+    repeated = [torch.cat([s, s[:120], s[7:9]]) for s in layers]
+    for slopes in (layers, repeated, [s[:40].repeat(3, 1) for s in layers]):
+        bits = torch.cat([s == 1.0 for s in slopes], dim=1)
+        assert unique_patterns(slopes, gammas=[1.0] * len(widths)) == len(set(map(tuple, bits.tolist())))
+
+
 def test_path_signs_all_positive_network():
     net = random_net((3, 3), bias=False)
     positive = PathNetwork(tuple(w.abs() for w in net.weights), None, net.betas, net.gammas)
