@@ -154,18 +154,24 @@ def max_margin(
             raise ValueError("kernel_diag is required when kernel is a function of column indices")
         columns, diag = kernel, np.asarray(kernel_diag, dtype=np.float64)
     else:
-        dense = kernel.detach().cpu().numpy() if isinstance(kernel, torch.Tensor) else np.asarray(kernel)
+        on_device = device is not None and not intercept and isinstance(kernel, torch.Tensor)
+        dense = kernel.detach() if on_device else (
+            kernel.detach().cpu().numpy() if isinstance(kernel, torch.Tensor) else np.asarray(kernel))
         if dense.ndim != 2 or dense.shape[0] != dense.shape[1]:
-            raise ValueError(f"Precomputed kernel must be a square matrix. Input is a {dense.shape} matrix.")
-        dense = dense.astype(np.float64, copy=False)
-        columns, diag = (lambda idx: dense[idx].T), np.diag(dense).copy()  # K symmetric: rows are contiguous
+            raise ValueError(f"Precomputed kernel must be a square matrix. Input is a {tuple(dense.shape)} matrix.")
+        if on_device:  # the solver takes rows by index (K symmetric), moved to its device a block at a time
+            columns = dense.to(torch.float64)
+            diag = torch.diagonal(columns).cpu().numpy().copy()
+        else:
+            dense = dense.astype(np.float64, copy=False)
+            columns, diag = (lambda idx: dense[idx].T), np.diag(dense).copy()  # K symmetric: rows are contiguous
+            if device is not None:
+                columns = torch.from_numpy(dense)
     y = _validate(diag, y)
     scale = float(diag.mean())
     if intercept:
         full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
-    if device is not None and not callable(kernel):
-        columns = torch.from_numpy(dense)  # rows by index, moved to the device a block at a time
     return _active_set(columns, y, scale, tol, max_iter, initial, None if device is None else torch.device(device))
 
 
@@ -661,7 +667,7 @@ def _device_q_columns(kernel_columns, y: np.ndarray, scale: float, device: torch
     labels = torch.from_numpy(y).to(device)
     if isinstance(kernel_columns, torch.Tensor):  # a dense kernel: its rows are its columns
         def columns(idx):
-            rows = torch.as_tensor(idx, dtype=torch.long)
+            rows = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=kernel_columns.device)
             return kernel_columns[rows].to(device, torch.float64).T
     elif hasattr(kernel_columns, "signed_rows"):
         return lambda idx: kernel_columns.signed_rows(idx, y, scale).to(device, torch.float64).T

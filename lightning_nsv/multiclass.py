@@ -36,7 +36,7 @@ from lightning_nsv.path_space import (
     path_kernel_diagonal,
     unique_patterns,
 )
-from lightning_nsv.support_vectors import compression_bound, validation_metrics
+from lightning_nsv.support_vectors import check_samples, compression_bound, validation_metrics
 
 __all__ = [
     "MulticlassMaxMarginResult",
@@ -619,6 +619,7 @@ def multiclass_support_vectors(
         raise ValueError("the network has 1 output unit: use support_vectors.network_support_vectors")
     if method not in METHODS:
         raise ValueError(f"`method` can be {', '.join(METHODS)}, got {method!r}")
+    check_samples(x_train, x_val)
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)

@@ -398,6 +398,8 @@ class InputGramCache:
         out = last.new_empty(len(slots), last.shape[1])
         for start, block in zip(self._starts, self._blocks):
             positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
+            if len(positions) == len(slots):  # all in this block: one copy
+                return torch.index_select(block, 0, slots - start, out=out)
             if len(positions):
                 out.index_copy_(0, positions, block.index_select(0, slots[positions] - start))
         return out

@@ -62,6 +62,10 @@ class ShardedKernelColumns:
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx]`` as :meth:`PathKernelColumns.signed_columns` gives it, computed by all ranks (root only)."""
+        return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
+
+    def signed_rows(self, idx, signs, scale: float) -> Tensor:
+        """``Q[:, idx]ᵀ``, shape ``(len(idx), m)``, on the group's message device (root only)."""
         if self.rank != self.root:
             raise RuntimeError("only the root rank asks for columns; the others serve()")
         idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
@@ -74,8 +78,7 @@ class ShardedKernelColumns:
             self._sent_signs, self._signs = signs.clone(), signs.to(self.device)
             self._broadcast(self._signs)
         parts = self._gather(self._local(idx.to(self.device), scale))
-        block = torch.cat([p[:, : s.stop - s.start] for p, s in zip(parts, self.shards)], dim=1)
-        return block.to("cpu", torch.float64).numpy().T
+        return torch.cat([p[:, : s.stop - s.start] for p, s in zip(parts, self.shards)], dim=1)
 
     def serve(self) -> int:
         """Answer the root's requests until it stops (non-root ranks); the number of blocks computed."""

@@ -256,7 +256,7 @@ def network_support_vectors(
             ranks run :func:`serve_kernel_columns` on the same inputs meanwhile); ``cache`` is then not used.
         solver: where the active-set solver of the problem through the origin keeps its columns and factor:
             ``"torch"`` on the device of ``x_train``, ``"numpy"`` on the CPU; ``"auto"`` (default) takes torch for
-            inputs on an accelerator and numpy for CPU inputs (faster there). Same solution either way, to rounding.
+            CUDA inputs and numpy otherwise (faster on the CPU). Same solution either way, to rounding.
 
     Raises:
         NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
@@ -271,8 +271,9 @@ def network_support_vectors(
     if solver not in SOLVERS:
         raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
     _check_finite_network(net)
+    check_samples(x_train, x_val)
     device = x_train.device
-    solver_device = device if solver == "torch" or (solver == "auto" and device.type != "cpu") else None
+    solver_device = device if solver == "torch" or (solver == "auto" and device.type == "cuda") else None
     x_train = x_train.reshape(len(x_train), -1)
     _check_finite_samples(x_train, "training inputs")
     y = signed_labels(y_train).to(device)
@@ -310,6 +311,7 @@ def network_support_vectors(
         if cache is not None:
             cache.keep(svm.support_)
 
+    net = net.to("cpu")  # the scalar summaries below
     wbar_norm = math.sqrt(path_norm_squared(net))
     y_cpu, outputs_cpu = y.cpu(), outputs.cpu().to(torch.float64)
     alpha = torch.from_numpy(svm.alpha_)
@@ -351,6 +353,15 @@ def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Te
     compute alike."""
     return PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=net.biases is not None,
                              input_gram_cache=cache, dtype=net.dtype)
+
+
+def check_samples(x_train: Tensor, x_val: Tensor | None = None) -> None:
+    """Refuse an empty training set, and an empty validation set passed instead of ``None``."""
+    if not len(x_train):
+        raise ValueError("x_train holds no samples: the analysis needs the training set the network reached zero "
+                         "training error on")
+    if x_val is not None and not len(x_val):
+        raise ValueError("x_val holds no samples: pass x_val=None (and y_val=None) to analyse without validation")
 
 
 def _check_finite_network(net: PathNetwork) -> None:

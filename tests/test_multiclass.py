@@ -352,6 +352,10 @@ def test_refuses_training_errors_and_bad_arguments():
         multiclass_support_vectors(net, x, y, method="crammer")
     with pytest.raises(ValueError, match="1 output unit: use support_vectors.network_support_vectors"):
         multiclass_support_vectors(single_output(net, 0), x, y)
+    with pytest.raises(ValueError, match="x_train holds no samples"):
+        multiclass_support_vectors(net, x[:0], y[:0])
+    with pytest.raises(ValueError, match="x_val holds no samples"):
+        multiclass_support_vectors(net, x, y, x[:0], y[:0])
 
 
 def test_report_and_metrics():

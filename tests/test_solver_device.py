@@ -42,6 +42,14 @@ def test_torch_backend_gives_the_numpy_solution_on_dense_kernels(seed, m, f, dup
     assert on_device.iterations == reference.iterations
 
 
+def test_torch_backend_takes_a_dense_tensor_kernel_in_place():
+    rng = np.random.default_rng(9)
+    x, y = _separable(rng, 200, 5)
+    kernel = (x @ x.T + 1.0) ** 3
+    _assert_same_solution(max_margin(kernel, y), max_margin(torch.from_numpy(kernel), torch.from_numpy(y),
+                                                               device="cpu"))
+
+
 def test_torch_backend_with_column_functions_and_a_warm_start():
     rng = np.random.default_rng(4)
     x, y = _separable(rng, 300, 10)
@@ -127,6 +135,46 @@ def test_network_support_vectors_same_with_either_solver(bias, beta):
         _assert_same_solution(a.svm, b.svm)
         assert abs(a.cosine - b.cosine) <= 1e-10
     assert results["torch"][0].val_agreement == results["numpy"][0].val_agreement
+
+
+def test_solver_choice_reaches_the_solver(monkeypatch):
+    """``"torch"`` runs the device backend; ``"numpy"`` and ``"auto"`` on CPU inputs do not."""
+    import lightning_nsv.max_margin as max_margin_module
+
+    built = []
+    original = max_margin_module._DeviceFreeSet.__init__
+
+    def spy(self, store):
+        built.append(store.device)
+        original(self, store)
+
+    monkeypatch.setattr(max_margin_module._DeviceFreeSet, "__init__", spy)
+    net = random_net((5,), in_features=4, beta=0.0, bias=False, seed=10)
+    x, y = self_labelled(net, 80, seed=10)
+    for solver, expected in (("numpy", 0), ("auto", 0), ("torch", 1)):
+        built.clear()
+        for kernel in ("columns", "dense"):
+            network_support_vectors(net, x, y, solver=solver, kernel=kernel)
+        assert built == [torch.device("cpu")] * (2 * expected), solver
+
+
+def test_path_network_moves_between_devices():
+    net = random_net((5, 3), in_features=4, beta=0.1, bias=True, seed=11)
+    assert net.to("cpu") is net and net.to(torch.device("cpu")) is net
+    moved = net.to("meta")
+    assert moved.device.type == "meta" and moved.dtype == net.dtype
+    assert [w.shape for w in moved.weights] == [w.shape for w in net.weights]
+    assert [b.shape for b in moved.biases] == [b.shape for b in net.biases]
+    assert (moved.betas, moved.gammas) == (net.betas, net.gammas)
+
+
+def test_callback_analyses_on_cuda_or_else_on_the_cpu():
+    from types import SimpleNamespace
+
+    from lightning_nsv.callbacks.network_support_vectors import _analysis_device
+
+    for device, expected in (("cuda:1", "cuda:1"), ("cpu", "cpu"), ("mps", "cpu"), ("meta", "cpu")):
+        assert _analysis_device(SimpleNamespace(device=torch.device(device))) == torch.device(expected)
 
 
 def test_unknown_solver_is_refused():

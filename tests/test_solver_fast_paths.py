@@ -189,6 +189,10 @@ def test_labels_intercept_and_duplicates_are_refused_clearly():
     x_dup, y_dup = torch.cat([x, x[:1]]), torch.cat([y, 1 - y[:1]])
     with pytest.raises(NotSeparableError, match=f"samples 0 and {len(y)} have the same input and opposite labels"):
         network_support_vectors(net, x_dup, y_dup)
+    with pytest.raises(ValueError, match="x_train holds no samples"):
+        network_support_vectors(net, x[:0], y[:0])
+    with pytest.raises(ValueError, match="x_val holds no samples: pass x_val=None"):
+        network_support_vectors(net, x, y, x[:0], y[:0])
 
 
 def test_solver_on_duplicates_with_opposite_labels_says_not_separable():

@@ -95,9 +95,10 @@ class NetworkSupportVectors(Callback):
         multiclass: For heads with K >= 2 outputs: ``"exact"``, the multi-class max-margin problem through the
             origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
         solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
-            ``"torch"`` on the module's device, ``"numpy"`` on the CPU, ``"auto"`` torch on an accelerator and
-            numpy on the CPU (faster there). The zero-error pass and the kernel columns run on the module's device
-            in float64 whatever the solver; multi-class heads solve on the CPU.
+            ``"torch"`` on the analysis device, ``"numpy"`` on the CPU, ``"auto"`` torch on a GPU and numpy on the
+            CPU (faster there). The analysis device is the module's for CUDA (the zero-error pass, the kernel
+            columns and the kept input-Gram rows of a repeated analysis, ``8·m·s`` bytes, live there; float64),
+            else the CPU (MPS and other devices without float64); multi-class heads solve on the CPU.
 
     Raises:
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
@@ -454,7 +455,7 @@ class NetworkSupportVectors(Callback):
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _gather(dataset, chunk)
-            embedded = self._path.embed(x.to(pl_module.device))  # stays there: the analysis runs there too
+            embedded = self._path.embed(x.to(pl_module.device)).to(_analysis_device(pl_module))
             if keep is not None:
                 keep.append((embedded, y))
             on_device = net.to(embedded.device) if on_device is None else on_device
@@ -595,7 +596,8 @@ class NetworkSupportVectors(Callback):
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
         loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, generator=torch.Generator())
         with eval_mode(pl_module), torch.no_grad():
-            parts = [(self._path.embed(x.to(pl_module.device)), y) for x, y in map(_split_batch, loader)]
+            device = _analysis_device(pl_module)
+            parts = [(self._path.embed(x.to(pl_module.device)).to(device), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _output_dir(self, trainer: pl.Trainer) -> Path:
@@ -670,6 +672,12 @@ class NetworkSupportVectors(Callback):
                         trainer.global_step)
         if sum(w.numel() for w in net.weights) <= 400:
             sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
+
+
+def _analysis_device(pl_module) -> torch.device:
+    """Where the float64 analysis runs: the module's device for CUDA, else the CPU (MPS has no float64)."""
+    device = torch.device(pl_module.device)
+    return device if device.type == "cuda" else torch.device("cpu")
 
 
 def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
