@@ -281,8 +281,8 @@ class _DenseColumns:
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
-    outnumber 1/16 of the members (64 at least). Memory ``8·n`` bytes per stored column: the members' and at most
-    ``max(64, members / 16)`` dead ones."""
+    outnumber 1/16 of the members (64 at least) and take over 64 MiB. Memory ``8·n`` bytes per stored column: the
+    members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
         self.q_columns = q_columns
@@ -319,7 +319,8 @@ class _ColumnStore:
         """Members at positions ``kept`` stay; the others left F."""
         self._where = [self._where[k] for k in kept]
         stored = sum(block.shape[1] for block in self._blocks)
-        if stored > members + max(DEAD_COLUMNS_MIN, members // DEAD_COLUMNS_SHARE):
+        dead_allowed = max(DEAD_COLUMNS_MIN, DEAD_BYTES_MIN // (8 * max(self.n, 1)), members // DEAD_COLUMNS_SHARE)
+        if stored > members + dead_allowed:
             self._compact()
 
     def _compact(self) -> None:
@@ -782,7 +783,9 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None) -> 
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
 
 
-DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE = 64, 16  # the column store compacts above max(64, members / 16) dead columns
+# the column store compacts when its dead columns outnumber max(64, members / 16) and take over 64 MiB: a
+# compaction copies the live columns of every block that holds dead ones, so small stores are left alone
+DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE, DEAD_BYTES_MIN = 64, 16, 64 << 20
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 REMOVE_COLUMNS = GROW_COLUMNS = 256  # columns of the factor moved at a time in a downdate or an update

@@ -195,6 +195,9 @@ def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = Fa
 
 
 INPUT_CHUNK_BYTES = 8 << 20  # rows of the training inputs converted to the analysis dtype at a time
+# kernel columns hold one converted copy of narrower inputs up to this size (a conversion per block of columns cost
+# about 8% of an analysis at m = 20,000); larger training sets are converted a chunk at a time, for memory
+INPUT_COPY_BYTES = 256 << 20
 
 
 class _InputChunks:
@@ -439,8 +442,8 @@ class PathKernelColumns:
     ``G_l = (gamma − beta)² P_l P_lᵀ + beta(gamma − beta)(c_l,i + c_l,j) + beta² Ω_l``; the counts ``P_l P_lᵀ``
     are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
     The input Gram ``X Xᵀ[:, idx]`` is computed in the analysis dtype ``dtype`` (default that of ``x``); inputs of
-    a narrower float dtype stay as given and are converted a chunk of rows at a time (exact: no ``dtype`` copy of
-    the training set is held). An :class:`InputGramCache` keeps its rows between analyses of the same inputs.
+    a narrower float dtype are converted once when the copy takes at most :data:`INPUT_COPY_BYTES`, else they stay
+    as given and are converted a chunk of rows at a time (exact either way). An :class:`InputGramCache` keeps its rows between analyses of the same inputs.
     Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache), with one
     conversion buffer per instance: do not call one instance from several threads at once. Everything runs on the
     device of ``x``.
@@ -466,7 +469,9 @@ class PathKernelColumns:
         self.betas, self.gammas = tuple(map(float, betas)), tuple(map(float, gammas))
         self.indicators = [(s == g).to(torch.float32) for s, g in zip(layer_slopes, self.gammas)]
         self.counts = [p.sum(1).to(self.dtype) for p in self.indicators]
-        self._chunks = _InputChunks(self.x, self.dtype)
+        converted = self.x.numel() * torch.finfo(self.dtype).bits // 8
+        copy = self.x.dtype != self.dtype and converted <= INPUT_COPY_BYTES
+        self._chunks = _InputChunks(self.x.to(self.dtype) if copy else self.x, self.dtype)
         self.input_gram_cache = input_gram_cache
         if input_gram_cache is not None:
             input_gram_cache.attach(self.x, self.dtype)

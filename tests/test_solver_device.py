@@ -62,6 +62,26 @@ def test_torch_backend_with_column_functions_and_a_warm_start():
         _assert_same_solution(reference, max_margin(columns, y, kernel_diag=diag, device="cpu", initial=initial))
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_compacting_the_column_store_leaves_the_solution(monkeypatch, device):
+    """Dead columns dropped at every chance (the defaults keep them up to 64 MiB): the same solution."""
+    import lightning_nsv.max_margin as max_margin_module
+
+    rng = np.random.default_rng(12)
+    x, y = _separable(rng, 300, 6, duplicates=40)
+    kernel = (x @ x.T + 1.0) ** 3
+    reference = max_margin(kernel, y, device=device)
+    compactions = []
+    original = max_margin_module._ColumnStore._compact
+    monkeypatch.setattr(max_margin_module._ColumnStore, "_compact",
+                        lambda store: (compactions.append(len(store._where)), original(store)))
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
+    monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_SHARE", 10 ** 6)
+    _assert_same_solution(reference, max_margin(kernel, y, device=device))
+    assert len(compactions) >= 3
+
+
 def test_torch_backend_names_a_non_finite_column():
     rng = np.random.default_rng(5)
     x, y = _separable(rng, 50, 4)

@@ -201,14 +201,16 @@ def test_solver_on_duplicates_with_opposite_labels_says_not_separable():
         max_margin(x @ x.T, np.array([1, 1, -1]))
 
 
+@pytest.mark.parametrize("copied", [False, True])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
-def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta, cached):
-    """Narrower inputs stay as given (no float64 copy of the training set): every chunk of rows is converted
-    exactly, so the columns and the diagonal equal those of the float64 inputs."""
+def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta, cached, copied):
+    """Narrower inputs stay as given (above INPUT_COPY_BYTES no float64 copy of the training set): every chunk of
+    rows is converted exactly, so the columns and the diagonal equal those of the float64 inputs."""
     import lightning_nsv.path_space as path_space
 
     monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
+    monkeypatch.setattr(path_space, "INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
     net = random_net((5, 4), in_features=6, beta=beta, bias=bias, seed=2)
     x32 = torch.randn(80, 6, generator=torch.Generator().manual_seed(3))
     x64 = x32.double()
@@ -224,6 +226,7 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     columns = PathKernelColumns(x32, layer_slopes, net.betas, net.gammas, bias=bias, input_gram_cache=cache,
                                 dtype=torch.float64)
     assert columns.x.dtype == torch.float32 and columns.x.data_ptr() == x32.data_ptr() and columns._chunks.step == 7
+    assert columns._chunks.x.dtype == (torch.float64 if copied else torch.float32)
     y = np.where(np.random.default_rng(4).random(80) < 0.5, -1.0, 1.0)
     for idx in (np.array([5, 0, 79]), np.array([79, 12, 5, 40, 0])):
         got = columns.signed_columns(idx, y, 2.0)
