@@ -206,3 +206,20 @@ def test_unknown_solver_is_refused():
 
 def net_output(net: PathNetwork, x: torch.Tensor) -> torch.Tensor:
     return forward_with_slopes(net, x)[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_analysis_equals_the_cpu_one():
+    net = random_net((8, 6), in_features=5, beta=0.0, bias=False, seed=13)
+    x, y = self_labelled(net, 600, seed=13)
+    x_val = torch.randn(80, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
+    y_val = (net_output(net, x_val) > 0).long()
+    cpu = network_support_vectors(net, x, y, x_val, y_val)
+    cache = InputGramCache()
+    for kernel in ("columns", "dense"):
+        gpu = network_support_vectors(net.to("cuda"), x.cuda(), y.cuda(), x_val.cuda(), y_val.cuda(), kernel=kernel,
+                                      cache=cache if kernel == "columns" else None)
+        _assert_same_solution(cpu.svm, gpu.svm)
+        assert abs(gpu.cosine - cpu.cosine) <= 1e-10 and gpu.val_agreement == cpu.val_agreement
+    again = network_support_vectors(net.to("cuda"), x.float().cuda(), y.cuda(), cache=cache)  # warm, float32 inputs
+    _assert_same_solution(network_support_vectors(net, x.float(), y).svm, again.svm)
