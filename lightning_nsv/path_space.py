@@ -443,7 +443,8 @@ class PathKernelColumns:
     are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
     The input Gram ``X Xᵀ[:, idx]`` is computed in the analysis dtype ``dtype`` (default that of ``x``); inputs of
     a narrower float dtype are converted once when the copy takes at most :data:`INPUT_COPY_BYTES`, else they stay
-    as given and are converted a chunk of rows at a time (exact either way). An :class:`InputGramCache` keeps its rows between analyses of the same inputs.
+    as given and are converted a chunk of rows at a time (exact either way). An :class:`InputGramCache` keeps its
+    rows between analyses of the same inputs.
     Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache), with one
     conversion buffer per instance: do not call one instance from several threads at once. Everything runs on the
     device of ``x``.

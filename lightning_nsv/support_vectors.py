@@ -283,7 +283,7 @@ def network_support_vectors(
         raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
                          f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
     on_device = net.to(device)
-    x_train = analysis_inputs(x_train, net.dtype)  # float32 inputs stay float32: the kernels convert chunks
+    x_train = analysis_inputs(x_train, net.dtype)  # float32 inputs stay float32: the kernels convert them exactly
     outputs, slopes_train = forward_with_slopes(on_device, x_train)
     _check_finite_samples(outputs[:, None], "network outputs")
     errors = int((y * outputs <= 0).sum())
