@@ -79,6 +79,7 @@ def test_reaches_zero_error_and_stops(fitted):
     run, callback, model, data = fitted
     assert callback.zero_error_epoch is not None
     assert run.current_epoch == callback.zero_error_epoch + 1  # stopped at the end of that epoch
+    assert len(callback._gram_cache) == 0  # one analysis: no input-Gram rows kept for another
     x, y = data.train_dataset.tensors
     with torch.no_grad():
         assert bool(((2 * y - 1) * model(x).double() > 0).all())
@@ -235,6 +236,7 @@ def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):
     assert [h["epoch"] for h in callback.history] == [float(e) for e in range(callback.zero_error_epoch, 32, 2)][
         : len(ratios)]
     assert len(list((Path(run.logger.log_dir) / "nsv").glob("*.pt"))) == len(ratios)
+    assert sorted(callback._gram_cache.samples.tolist()) == callback.analysis.svm.support_.tolist()
 
 
 def test_the_torch_solver_gives_the_numpy_analysis(tmp_path):

@@ -71,7 +71,9 @@ class NetworkSupportVectors(Callback):
 
     Cost: by default only the ``m×s'`` float64 kernel columns of the ``s'`` samples that enter the solver's free
     set; ``kernel="dense"`` (and the intercept protocol) the whole ``m×m`` kernel, ``8·m²`` bytes (m = 20,000:
-    3.2 GB). A repeated analysis (``stop_on_zero_error=False``) starts from the previous support set.
+    3.2 GB). A repeated analysis (``stop_on_zero_error=False``) starts from the previous support set, and the
+    callback then keeps the rows of ``X Xᵀ`` of the last support between analyses (``8·m·s`` bytes, up to ``8·m·s'``
+    more during one); a single analysis keeps none.
 
     Args:
         every_n_epochs: Check zero training error every this many epochs.
@@ -587,7 +589,8 @@ class NetworkSupportVectors(Callback):
             return network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
                 kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None, cache=self._gram_cache, sharing=sharing, solver=self.solver,
+                initial=self._previous_support or None, sharing=sharing, solver=self.solver,
+                cache=None if self.stop_on_zero_error else self._gram_cache,  # rows kept for the next analysis only
             )
         return multiclass_support_vectors(net, x_train.cpu(), y_train, None if x_val is None else x_val.cpu(), y_val,
                                           method=self.multiclass, delta=self.delta)
