@@ -139,8 +139,8 @@ def max_margin(
         max_iter: bound on active-set iterations (default ``10·m``).
         initial: indices to try first as support vectors (e.g. smallest network margins).
         device: where the active-set solver keeps the kernel columns and the Cholesky factor and runs its
-            products, triangular solves and factor updates (torch, float64); ``None``: numpy on the CPU (faster
-            there for these small, latency-bound steps). A ``kernel`` with ``signed_rows(idx, y, scale)`` (e.g.
+            products, triangular solves and factor updates (torch, float64); ``None``: numpy on the CPU (less CPU
+            time there for these small, latency-bound steps, and more accurate products). A ``kernel`` with ``signed_rows(idx, y, scale)`` (e.g.
             :class:`~lightning_nsv.path_space.PathKernelColumns` on that device) hands its columns over in place.
             Solutions agree with the numpy ones to rounding (tested on the CPU).
 

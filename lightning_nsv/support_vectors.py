@@ -256,7 +256,7 @@ def network_support_vectors(
             ranks run :func:`serve_kernel_columns` on the same inputs meanwhile); ``cache`` is then not used.
         solver: where the active-set solver of the problem through the origin keeps its columns and factor:
             ``"torch"`` on the device of ``x_train``, ``"numpy"`` on the CPU; ``"auto"`` (default) takes torch for
-            CUDA inputs and numpy otherwise (faster on the CPU). Same solution either way, to rounding.
+            CUDA inputs and numpy otherwise (less CPU time there). Same solution either way, to rounding.
 
     Raises:
         NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.

@@ -98,7 +98,7 @@ class NetworkSupportVectors(Callback):
             origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
         solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
             ``"torch"`` on the analysis device, ``"numpy"`` on the CPU, ``"auto"`` torch on a GPU and numpy on the
-            CPU (faster there). The analysis device is the module's for CUDA (the zero-error pass, the kernel
+            CPU (less CPU time there). The analysis device is the module's for CUDA (the zero-error pass, the kernel
             columns and the kept input-Gram rows of a repeated analysis, ``8·m·s`` bytes, live there; float64),
             else the CPU (MPS and other devices without float64); multi-class heads solve on the CPU.
 
