@@ -140,8 +140,9 @@ def max_margin(
         initial: indices to try first as support vectors (e.g. smallest network margins).
         device: where the active-set solver keeps the kernel columns and the Cholesky factor and runs its
             products, triangular solves and factor updates (torch, float64); ``None``: numpy on the CPU (less CPU
-            time there for these small, latency-bound steps, and more accurate products). A ``kernel`` with ``signed_rows(idx, y, scale)`` (e.g.
-            :class:`~lightning_nsv.path_space.PathKernelColumns` on that device) hands its columns over in place.
+            time there for these small, latency-bound steps, and more accurate products). A ``kernel`` with
+            ``signed_rows(idx, y, scale)`` (e.g. :class:`~lightning_nsv.path_space.PathKernelColumns` on that
+            device) hands its columns over in place.
             Solutions agree with the numpy ones to rounding (tested on the CPU).
 
     Raises:
@@ -684,7 +685,8 @@ def _device_q_columns(kernel_columns, y: np.ndarray, scale: float, device: torch
         cols = columns(idx)
         if not bool(torch.isfinite(cols).all()):
             _finite_columns(cols.cpu().numpy())  # raises, naming the sample
-        return cols * labels[:, None] * (labels[torch.as_tensor(idx, dtype=torch.long, device=device)] / scale)[None, :]
+        column_labels = labels[torch.as_tensor(np.asarray(idx), dtype=torch.long, device=device)]
+        return cols * labels[:, None] * (column_labels / scale)[None, :]
 
     return q_columns
 
