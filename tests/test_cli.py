@@ -106,6 +106,21 @@ def test_analyze_a_saved_checkpoint_without_training(tmp_path):
     assert "nsv/n_support" in scalars
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_analyze_on_a_gpu_gives_the_cpu_analysis(tmp_path):
+    """Trained on the CPU, analysed again on a GPU (zero-error pass, kernel columns and solver there)."""
+    common = [f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
+              f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=300",
+              "--trainer.enable_progress_bar=false"]
+    main(["fit", *common])
+    checkpoint = next((tmp_path / "tensorboard" / "version_0" / "checkpoints").glob("*.ckpt"))
+    main(["analyze", *common, "--trainer.accelerator=gpu", f"--ckpt_path={checkpoint}"])
+    trained, analysed = (load_support_vectors(next((tmp_path / "tensorboard" / v / "nsv").glob("*.pt")))
+                         for v in ("version_0", "version_1"))
+    assert torch.equal(trained.support, analysed.support)
+    torch.testing.assert_close(trained.alpha, analysed.alpha, rtol=1e-9, atol=0)
+
+
 def test_analyze_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="needs --ckpt_path"):
         main(["analyze", f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
