@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.max_margin import max_margin
 from lightning_nsv.models import LeakyReLUMLP
-from lightning_nsv.support_vectors import network_support_vectors
+from lightning_nsv.support_vectors import network_support_vectors, solver_backend_device
 from lightning_nsv.path_space import (
     InputGramCache,
     PathKernelColumns,
@@ -565,7 +565,7 @@ def compare_main(args, log):
     log(f"m={m:,}: the package, network_support_vectors (kernel='auto')")
     pkg = row("package: network_support_vectors, end to end (validation on "
               f"{args.val_size:,} samples), as the callback runs it by default", first, first["out"].svm, reference)
-    other = "numpy" if args.solver == "torch" or (args.solver == "auto" and device.type == "cuda") else "torch"
+    other = "numpy" if solver_backend_device(args.solver, device) is not None else "torch"
     second = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
                       solver=other)
     row(f"package, solver='{other}' (the {'CPU' if other == 'numpy' else 'GPU'} default, here on "

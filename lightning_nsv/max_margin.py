@@ -589,26 +589,22 @@ class _DeviceFreeSet(_FreeSet):
         values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, dtype=np.float64))
         return values.to(self.device, torch.float64)
 
-    def _triangular(self, rhs, transpose: bool) -> np.ndarray:
+    def _apply(self, solve, rhs) -> np.ndarray:
+        """``solve`` (of a matrix on the device) applied to a vector or matrix ``rhs``, as numpy."""
         b = self._on_device(rhs)
-        vector = b.ndim == 1
-        b = b[:, None] if vector else b
-        out = torch.linalg.solve_triangular(self._chol.T if transpose else self._chol, b, upper=transpose)
-        return (out[:, 0] if vector else out).cpu().numpy()
+        out = solve(b[:, None] if b.ndim == 1 else b)
+        return (out[:, 0] if b.ndim == 1 else out).cpu().numpy()
 
     def lower_solve(self, rhs) -> np.ndarray:
-        return self._triangular(rhs, transpose=False)
+        return self._apply(lambda b: torch.linalg.solve_triangular(self._chol, b, upper=False), rhs)
 
     def lower_t_solve(self, rhs) -> np.ndarray:
-        return self._triangular(rhs, transpose=True)
+        return self._apply(lambda b: torch.linalg.solve_triangular(self._chol.T, b, upper=True), rhs)
 
     def solve(self, rhs) -> np.ndarray:
         if not len(self):
             return rhs.cpu().numpy() if isinstance(rhs, torch.Tensor) else rhs
-        b = self._on_device(rhs)
-        vector = b.ndim == 1
-        out = torch.cholesky_solve(b[:, None] if vector else b, self._chol)
-        return (out[:, 0] if vector else out).cpu().numpy()
+        return self._apply(lambda b: torch.cholesky_solve(b, self._chol), rhs)
 
     def try_add(self, columns: _DeviceColumns) -> bool:
         new, n = columns.new, len(self)

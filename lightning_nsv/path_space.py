@@ -5,7 +5,8 @@ and ``wbar`` the products of weights along paths. Nothing here materialises ``ph
 factor over layers and path norms are forward passes of element-wise squared weights.
 
 All functions compute in the dtype of the :class:`PathNetwork` (float64 by default); inputs are cast to it, those
-of a narrower float dtype a chunk of rows at a time (no converted copy of a whole training set is held).
+of a narrower float dtype a chunk of rows at a time (kernel columns hold one converted copy up to
+:data:`INPUT_COPY_BYTES`).
 """
 from __future__ import annotations
 
@@ -228,7 +229,7 @@ class _InputChunks:
 
 def analysis_inputs(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x`` as the analysis keeps it: unchanged when its dtype is a narrower float (every value is exact in
-    ``dtype``; kernels convert chunks of it, so no ``dtype`` copy of the whole training set is held), else cast."""
+    ``dtype``; the kernels convert it exactly, in chunks or, up to :data:`INPUT_COPY_BYTES`, one copy), else cast."""
     if x.is_floating_point() and torch.finfo(x.dtype).bits < torch.finfo(dtype).bits:
         return x
     return x.to(dtype)
@@ -655,9 +656,8 @@ def unique_patterns(*slope_sets: Sequence[Tensor], gammas: Sequence[float]) -> i
     )
     if bits.shape[0] == 0:
         return 0
-    pad = (-bits.shape[1]) % 8
+    pad = (-bits.shape[1]) % 64  # whole int64 words: one sort of integers where a pattern fits a word
     bits = torch.nn.functional.pad(bits.to(torch.uint8), (0, pad)).reshape(bits.shape[0], -1, 8)
     packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8, device=bits.device)).sum(-1, dtype=torch.uint8)
-    # 8 bytes to an int64 word: one sort of integers where a pattern fits a word (rows of words otherwise)
-    words = torch.nn.functional.pad(packed, (0, (-packed.shape[1]) % 8)).contiguous().view(torch.int64)
+    words = packed.contiguous().view(torch.int64)
     return int((torch.unique(words[:, 0]) if words.shape[1] == 1 else torch.unique(words, dim=0)).shape[0])

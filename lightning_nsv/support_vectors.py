@@ -273,7 +273,7 @@ def network_support_vectors(
     _check_finite_network(net)
     check_samples(x_train, x_val)
     device = x_train.device
-    solver_device = device if solver == "torch" or (solver == "auto" and device.type == "cuda") else None
+    solver_device = solver_backend_device(solver, device)
     x_train = x_train.reshape(len(x_train), -1)
     _check_finite_samples(x_train, "training inputs")
     y = signed_labels(y_train).to(device)
@@ -353,6 +353,12 @@ def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Te
     compute alike."""
     return PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=net.biases is not None,
                              input_gram_cache=cache, dtype=net.dtype)
+
+
+def solver_backend_device(solver: str, device: torch.device) -> torch.device | None:
+    """The device the ``solver`` option runs the active-set solver on for inputs on ``device`` (``None``: numpy on
+    the CPU)."""
+    return device if solver == "torch" or (solver == "auto" and device.type == "cuda") else None
 
 
 def check_samples(x_train: Tensor, x_val: Tensor | None = None) -> None:

@@ -453,14 +453,14 @@ class NetworkSupportVectors(Callback):
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
                 keep: list | None = None) -> list[int]:
         """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches."""
-        wrong, on_device = [], None
+        wrong, device = [], _analysis_device(pl_module)
+        on_device = net.to(device)
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _gather(dataset, chunk)
-            embedded = self._path.embed(x.to(pl_module.device)).to(_analysis_device(pl_module))
+            embedded = self._path.embed(x.to(pl_module.device)).to(device)
             if keep is not None:
                 keep.append((embedded, y))
-            on_device = net.to(embedded.device) if on_device is None else on_device
             outputs = forward_with_slopes(on_device, embedded)[0].cpu()
             bad = ~(self._margins(outputs, y) > 0)
             if not torch.isfinite(outputs).all():
