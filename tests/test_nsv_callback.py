@@ -250,6 +250,9 @@ def test_the_torch_solver_gives_the_numpy_analysis(tmp_path):
             datamodule=DigitsDataModule(m=200, seed=0, batch_size=50))
         runs[solver] = callback
     numpy_run, torch_run = runs["numpy"], runs["torch"]
+    for solver, backend in (("numpy", "numpy"), ("torch", "torch (cpu)")):  # the artifacts say where it ran
+        saved = sorted((tmp_path / solver).rglob("support_vectors_epoch*.pt"))
+        assert saved and all(load_support_vectors(p).solver["backend"] == backend for p in saved)
     assert len(numpy_run.history) >= 2 and len(torch_run.history) == len(numpy_run.history)
     np.testing.assert_array_equal(torch_run.analysis.svm.support_, numpy_run.analysis.svm.support_)
     for a, b in zip(numpy_run.history, torch_run.history):

@@ -232,6 +232,30 @@ def test_fast_route_clustered_spectrum(fast_everywhere):
     torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 3e-5), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("cluster", [60, 100])
+def test_fast_route_certifies_a_cluster_at_the_gram_matrix_rounding(cluster):
+    # σ² = 1e-16 of `cluster` equal values is below the Gram matrix's rounding, and more of them than the default
+    # window of Ritz pairs: only a window over the whole cluster, bounded through its gap to 1e-3, certifies them
+    n, m = 600, 720
+    s = np.concatenate([np.logspace(0, -3, n - cluster), np.full(cluster, 1e-8)])
+    fast = psi_spectrum(matrix_with_singular_values(s, n, m, seed=cluster))
+    assert fast.method == "gram" and fast.rank == n
+    assert fast.sigma_min == pytest.approx(1e-8, rel=1e-6) and fast.sigma_min_error <= 1e-6 * fast.sigma_min
+    torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 1e-8), rtol=1e-6, atol=0)
+
+
+def test_window_spans_a_cluster_only_past_a_gap():
+    from lightning_nsv.psi import _window
+
+    flat = torch.logspace(-12, 0, 400, dtype=torch.float64)  # no gap of 2x anywhere: the default window
+    assert _window(flat, 8, 32) == 32
+    clustered = torch.cat([torch.full((100,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
+    assert _window(clustered, 8, 32) == 101  # the cluster and the first value past its gap
+    early = torch.cat([torch.full((10,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
+    assert _window(early, 8, 32) == 32  # the gap already lies inside the default window
+    assert _window(clustered[:20], 8, 32) == 20  # a space smaller than the window: all of it
+
+
 def test_fast_route_falls_back_beyond_the_gram_matrix(fast_everywhere):
     # κ = 1e11: the Gram matrix (κ² = 1e22) cannot resolve the tail; rank 300 nonetheless, by the exact route
     s = np.logspace(0, -11, 300)
