@@ -31,6 +31,7 @@ from lightning_nsv.path_space import (
     PathKernelColumns,
     PathNetwork,
     analysis_inputs,
+    as_tensor_on,
     forward_with_slopes,
     path_kernel,
     path_kernel_diagonal,
@@ -404,7 +405,7 @@ def output_gram(net: PathNetwork) -> np.ndarray:
     unit ``j``: a forward pass of ones through element-wise squared weights, adding ``b²`` at each hidden layer.
     For ``K = 1`` this is :func:`~lightning_nsv.path_space.path_norm_squared`.
     """
-    mass = torch.ones(net.in_features, dtype=net.dtype)
+    mass = torch.ones(net.in_features, dtype=net.dtype, device=net.device)
     for k, a in enumerate(net.weights[:-1]):
         mass = (a * a) @ mass
         if net.biases is not None:
@@ -413,7 +414,7 @@ def output_gram(net: PathNetwork) -> np.ndarray:
     gram = (out * mass) @ out.T
     if net.biases is not None:
         gram = gram + torch.outer(net.biases[-1], net.biases[-1])
-    return gram.to(torch.float64).numpy()
+    return gram.to("cpu", torch.float64).numpy()
 
 
 def centred_gram(gram: np.ndarray) -> np.ndarray:
@@ -439,10 +440,11 @@ def multiclass_decision(
 
     Cost: the path kernel between the ``n`` queries and the ``s`` support samples, ``O(n·s·(f + Σ Ω_l))``.
     """
-    beta_support = torch.as_tensor(np.asarray(beta_support), dtype=net.dtype)
+    net = net.to(x.device)
+    beta_support = as_tensor_on(beta_support, net.dtype, x.device)
     if len(x_support) != beta_support.shape[0]:
         raise ValueError(f"x_support has {len(x_support)} samples and beta_support {beta_support.shape[0]} rows")
-    x_support = x_support.to(net.dtype).reshape(len(x_support), -1)
+    x_support = x_support.to(x.device, net.dtype).reshape(len(x_support), -1)
     x = x.to(net.dtype).reshape(len(x), -1)
     if slopes_support is None:
         slopes_support = forward_with_slopes(net, x_support)[1]
@@ -620,6 +622,9 @@ def multiclass_support_vectors(
     if method not in METHODS:
         raise ValueError(f"`method` can be {', '.join(METHODS)}, got {method!r}")
     check_samples(x_train, x_val)
+    # the multi-class solvers run on the CPU (numpy): inputs on another device are moved there
+    net, x_train, x_val = net.to("cpu"), x_train.cpu(), None if x_val is None else x_val.cpu()
+    y_train, y_val = (y.cpu() if isinstance(y, Tensor) else y for y in (y_train, y_val))
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)

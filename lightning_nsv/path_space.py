@@ -416,7 +416,7 @@ class InputGramCache:
         """Keep the rows of ``samples`` only (e.g. the support vectors), freeing the others."""
         if not self._blocks:
             return
-        samples = torch.as_tensor(np.asarray(samples), dtype=torch.long, device=self._slot.device)
+        samples = as_tensor_on(samples, torch.long, self._slot.device)
         samples = torch.unique(samples[self._slot[samples] >= 0])
         slots, order = torch.sort(self._slot[samples])  # kept in slot order: each block's rows are copied once
         samples = samples[order]
@@ -562,7 +562,8 @@ class PathKernelColumns:
     def signed_rows(self, idx, signs, scale: float, part: slice | None = None) -> Tensor:
         """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""
         device = self.x.device
-        return self._rows(_as_tensor(idx, torch.long, device), _as_tensor(signs, self.dtype, device), 1.0 / scale, part)
+        return self._rows(as_tensor_on(idx, torch.long, device), as_tensor_on(signs, self.dtype, device), 1.0 / scale,
+                          part)
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""
@@ -573,7 +574,7 @@ class PathKernelColumns:
         return self.rows(idx).to("cpu", torch.float64).numpy().T
 
 
-def _as_tensor(values, dtype: torch.dtype, device: torch.device) -> Tensor:
+def as_tensor_on(values, dtype: torch.dtype, device: torch.device) -> Tensor:
     """Indices or labels given as a tensor (on any device), an array or a list, as a tensor on ``device``."""
     return torch.as_tensor(values if isinstance(values, Tensor) else np.asarray(values), dtype=dtype, device=device)
 
@@ -582,7 +583,7 @@ def path_norm_squared(net: PathNetwork) -> float:
     """``||wbar||²``: the squared weights multiplied along every path, summed (a forward pass of ones)."""
     if net.num_outputs != 1:
         raise ValueError(f"path_norm_squared needs 1 output unit, got {net.num_outputs}: use multiclass.output_gram")
-    mass = torch.ones(net.in_features, dtype=net.dtype)
+    mass = torch.ones(net.in_features, dtype=net.dtype, device=net.device)
     for k, a in enumerate(net.weights):
         mass = (a * a) @ mass
         if net.biases is not None:
@@ -629,7 +630,7 @@ def path_signs(net: PathNetwork) -> PathSigns:
         raise ValueError(f"path_signs needs 1 output unit, got {net.num_outputs}")
 
     def propagate(pos_part, neg_part, pos_bias, neg_bias):
-        pos = torch.ones(net.in_features, dtype=net.dtype)
+        pos = torch.ones(net.in_features, dtype=net.dtype, device=net.device)
         neg = torch.zeros_like(pos)
         for k, a in enumerate(net.weights):
             pos, neg = pos_part(a) @ pos + neg_part(a) @ neg, pos_part(a) @ neg + neg_part(a) @ pos

@@ -21,6 +21,7 @@ from lightning_nsv.path_space import (
     PathNetwork,
     PathSigns,
     analysis_inputs,
+    as_tensor_on,
     forward_with_slopes,
     path_kernel,
     path_kernel_diagonal,
@@ -105,14 +106,15 @@ def max_margin_decision(
             f"x_support, y_support and alpha_support must have one entry per support vector, got "
             f"{len(x_support)}, {len(y_support)} and {len(alpha_support)}"
         )
-    x_support = x_support.to(net.dtype).reshape(len(x_support), -1)
+    net = net.to(x.device)
+    x_support = x_support.to(x.device, net.dtype).reshape(len(x_support), -1)
     x = x.to(net.dtype).reshape(len(x), -1)
     if slopes_support is None:
         slopes_support = forward_with_slopes(net, x_support)[1]
     if slopes_x is None:
         slopes_x = forward_with_slopes(net, x)[1]
     kernel = path_kernel(x, slopes_x, x_support, slopes_support, bias=net.biases is not None, block_size=block_size)
-    coef = torch.as_tensor(np.asarray(alpha_support), dtype=net.dtype, device=kernel.device)
+    coef = as_tensor_on(alpha_support, net.dtype, kernel.device)
     coef = coef * signed_labels(y_support).to(kernel.device, net.dtype)
     return kernel @ coef + intercept
 
@@ -231,7 +233,8 @@ def network_support_vectors(
     path kernel in float64 (``8·m²`` bytes, m = 60,000: 28.8 GB; ``O(m²·(f + Σ Ω_l))`` time). ``"auto"`` takes
     columns for the problem through the origin (faster at every size measured) and the dense kernel for the
     intercept protocol, which needs it, up to ``max_dense_bytes``. Validation needs the kernel between validation
-    samples and support vectors only. Computations run on the device of ``x_train``, the solver's too unless
+    samples and support vectors only. Computations run on the device of ``x_train`` when it is the CPU or CUDA
+    (inputs elsewhere, e.g. on MPS, which has no float64, are moved to the CPU), the solver's too unless
     ``solver="numpy"`` (see ``solver``).
 
     Args:
@@ -272,7 +275,8 @@ def network_support_vectors(
         raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
     _check_finite_network(net)
     check_samples(x_train, x_val)
-    device = x_train.device
+    device = analysis_device(x_train.device)
+    x_train = x_train.to(device)  # x_val too, below
     solver_device = solver_backend_device(solver, device)
     x_train = x_train.reshape(len(x_train), -1)
     _check_finite_samples(x_train, "training inputs")
@@ -293,7 +297,7 @@ def network_support_vectors(
     m = len(y)
     dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
     if uses_dense_kernel(kernel, intercept):
-        _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept)
+        _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept, device)
         svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C, device=solver_device)
     else:
@@ -355,6 +359,12 @@ def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Te
                              input_gram_cache=cache, dtype=net.dtype)
 
 
+def analysis_device(device: torch.device | str) -> torch.device:
+    """Where a float64 analysis of tensors on ``device`` runs: there for CUDA, else the CPU (MPS has no float64)."""
+    device = torch.device(device)
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
 def solver_backend_device(solver: str, device: torch.device) -> torch.device | None:
     """The device the ``solver`` option runs the active-set solver on for inputs on ``device`` (``None``: numpy on
     the CPU)."""
@@ -407,7 +417,8 @@ def _misclassified_message(x: Tensor, y: Tensor, outputs: Tensor, errors: int) -
     return message
 
 
-def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool) -> None:
+def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool,
+                      device: torch.device = torch.device("cpu")) -> None:
     need = f"the dense kernel needs {nbytes / 1e9:.1f} GB for m={m:,}"
     fix = ("use kernel='columns' (the problem through the origin)" if not intercept
            else "the intercept protocol needs the dense kernel; use intercept=False with kernel='columns'")
@@ -416,6 +427,10 @@ def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool) -
     available = available_memory_bytes()
     if available is not None and nbytes > available:
         raise ValueError(f"{need}, more than the {available / 1e9:.1f} GB of memory available; {fix}")
+    if device.type == "cuda":  # the kernel is formed there
+        free = torch.cuda.mem_get_info(device)[0]
+        if nbytes > free:
+            raise ValueError(f"{need}, more than the {free / 1e9:.1f} GB free on {device}; {fix}")
 
 
 def available_memory_bytes() -> int | None:

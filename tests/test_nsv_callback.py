@@ -22,8 +22,9 @@ from lightning_nsv.support_vectors import network_support_vectors
 class UserClassifier(pl.LightningModule):
     """A user's own module: a plain nn.Sequential of Linear and ReLU layers, nothing from this package."""
 
-    def __init__(self, hidden=(32, 32), activation=nn.ReLU, outputs=1, squash=False):
+    def __init__(self, hidden=(32, 32), activation=nn.ReLU, outputs=1, squash=False, rounding=0.0):
         super().__init__()
+        self.rounding = rounding
         layers, fan_in = [nn.Flatten()], 64
         for width in hidden:
             layers += [nn.Linear(fan_in, width), activation()]
@@ -32,7 +33,7 @@ class UserClassifier(pl.LightningModule):
         self.squash = squash
 
     def forward(self, x):
-        out = self.model(x)[:, 0]
+        out = self.model(x)[:, 0] * (1 + self.rounding)
         return torch.sigmoid(out) if self.squash else out
 
     def training_step(self, batch, batch_idx):
@@ -180,6 +181,34 @@ def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
         trainer(tmp_path, callback, max_epochs=3, logger=False).fit(LeakyReLUMLP(widths=[8]), datamodule=data)
     checks = [n for n in evaluated if n != 8]  # the 8-sample head check at the first batch aside
     assert sum(checks[:-20]) < 3 * 150  # each epoch: one batch of hard samples or probe, not 1000 samples
+
+
+def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
+    import lightning_nsv.callbacks.network_support_vectors as module
+
+    data = DigitsDataModule(m=50, batch_size=50)
+    tf32_like = UserClassifier(rounding=2e-3)  # outputs off by TF32's rounding (a 10-bit mantissa)
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
+    monkeypatch.setattr(module, "_reduced_float32_matmuls", lambda device: True)  # as after
+    trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
+        UserClassifier(rounding=2e-3), datamodule=data)
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+            UserClassifier(squash=True), datamodule=data)
+
+
+def test_tf32_is_read_through_the_new_precision_api(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning_nsv.callbacks.network_support_vectors import _reduced_float32_matmuls
+
+    assert not _reduced_float32_matmuls(torch.device("cpu"))
+    for matmul, overall, expected in (("none", "none", False), ("ieee", "tf32", False), ("tf32", "none", True),
+                                      ("none", "tf32", True)):
+        monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(fp32_precision=matmul))
+        monkeypatch.setattr(torch.backends, "fp32_precision", overall, raising=False)
+        assert _reduced_float32_matmuls(torch.device("cuda:0")) == expected, (matmul, overall)
 
 
 def test_rejects_unsupported_modules_with_their_name(tmp_path):

@@ -9,6 +9,8 @@ import torch
 from lightning_nsv.max_margin import _DeviceColumnStore, _DeviceFreeSet, _device_q_columns, max_margin
 from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes
 from lightning_nsv.support_vectors import network_support_vectors
+from tests.test_multiclass import random_net as random_multiclass_net
+from tests.test_multiclass import self_labelled as multiclass_labelled
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
 
@@ -221,5 +223,42 @@ def test_on_cuda_the_analysis_equals_the_cpu_one():
                                       cache=cache if kernel == "columns" else None)
         _assert_same_solution(cpu.svm, gpu.svm)
         assert abs(gpu.cosine - cpu.cosine) <= 1e-10 and gpu.val_agreement == cpu.val_agreement
-    again = network_support_vectors(net.to("cuda"), x.float().cuda(), y.cuda(), cache=cache)  # warm, float32 inputs
-    _assert_same_solution(network_support_vectors(net, x.float(), y).svm, again.svm)
+    assert len(cache)  # the support's rows, kept on the device
+    again = network_support_vectors(net.to("cuda"), x.cuda(), y.cuda(), cache=cache)  # warm start from them
+    _assert_same_solution(cpu.svm, again.svm)
+    single = network_support_vectors(net.to("cuda"), x.float().cuda(), y.cuda())  # float32 inputs
+    _assert_same_solution(network_support_vectors(net, x.float(), y).svm, single.svm)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_public_helpers_take_cuda_tensors():
+    from lightning_nsv.multiclass import multiclass_decision, multiclass_support_vectors, output_gram
+    from lightning_nsv.path_space import path_norm_squared, path_signs
+    from lightning_nsv.support_vectors import max_margin_decision
+
+    net = random_net((8, 6), in_features=5, beta=0.1, bias=True, seed=17)
+    x, y = self_labelled(net, 300, seed=17)
+    on_gpu = net.to("cuda")
+    assert path_norm_squared(on_gpu) == pytest.approx(path_norm_squared(net), rel=1e-12)
+    for got, expected in zip(vars(path_signs(on_gpu)).values(), vars(path_signs(net)).values()):
+        assert got == pytest.approx(expected, rel=1e-12)
+    fit = network_support_vectors(net, x, y)
+    sv = fit.svm.support_
+    alpha = torch.from_numpy(fit.svm.alpha_[sv])
+    on_cpu = max_margin_decision(net, x[sv], y[sv], alpha, x)
+    for model in (net, on_gpu):  # a CPU network (e.g. a loaded artifact's) with CUDA inputs, and one on the GPU
+        gpu = max_margin_decision(model, x[sv].cuda(), y[sv].cuda(), alpha.cuda(), x.cuda())
+        torch.testing.assert_close(gpu.cpu(), on_cpu, rtol=1e-10, atol=1e-12)
+    cache = InputGramCache()
+    network_support_vectors(on_gpu, x.cuda(), y.cuda(), cache=cache)
+    cache.keep(torch.as_tensor(sv[:3]).cuda())
+    assert sorted(cache.samples.tolist()) == sorted(sv[:3].tolist())
+    three = random_multiclass_net((8, 6), 3, in_features=5, seed=18)
+    xs, labels = multiclass_labelled(three, 200, seed=18)
+    cpu_fit = multiclass_support_vectors(three, xs, labels)
+    gpu_fit = multiclass_support_vectors(three.to("cuda"), xs.cuda(), labels.cuda())
+    np.testing.assert_array_equal(gpu_fit.svm.support_, cpu_fit.svm.support_)
+    np.testing.assert_allclose(output_gram(three.to("cuda")), output_gram(three), rtol=1e-12)
+    beta = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(multiclass_decision(three, xs[:5].cuda(), beta.cuda(), xs.cuda()).cpu(),
+                               multiclass_decision(three, xs[:5], beta, xs), rtol=1e-10, atol=1e-12)

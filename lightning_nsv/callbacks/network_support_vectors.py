@@ -25,6 +25,7 @@ from lightning_nsv.support_vectors import (
     KERNEL_MODES,
     SOLVERS,
     SupportVectorAnalysis,
+    analysis_device,
     network_support_vectors,
     serve_kernel_columns,
     signed_labels,
@@ -338,8 +339,10 @@ class NetworkSupportVectors(Callback):
                 "within rounding of the decision boundary. Train with precision='32-true' for an exact match."
             )
         eps = torch.finfo(precision).eps
+        if precision == torch.float32 and _reduced_float32_matmuls(output.device):
+            eps = TF32_EPS  # set_float32_matmul_precision("high"/"medium"): float32 products in TF32 (or bf16)
         scale = float(head.abs().max()) if len(head) else 1.0
-        close = torch.allclose(output.double().cpu(), head, rtol=max(1e-4, 64 * eps), atol=max(1e-5, 64 * eps * scale))
+        close = torch.allclose(output.cpu().double(), head, rtol=max(1e-4, 64 * eps), atol=max(1e-5, 64 * eps * scale))
         if not close:
             raise ValueError(
                 f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
@@ -688,10 +691,27 @@ class NetworkSupportVectors(Callback):
             sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
 
 
+#: Unit roundoff of TF32 products (10-bit mantissa), what float32 matmuls on CUDA may use.
+TF32_EPS = 2.0**-10
+
+
+def _reduced_float32_matmuls(device: torch.device) -> bool:
+    """Whether float32 products on ``device`` may run in TF32 (read through the new precision API only: reading
+    the legacy flags after a setting through the new one raises)."""
+    if device.type != "cuda":
+        return False
+    try:
+        precision = torch.backends.cuda.matmul.fp32_precision
+        if precision == "none":  # inherits the global setting
+            precision = torch.backends.fp32_precision
+    except (AttributeError, RuntimeError):
+        return True  # an older torch or a state it will not report: allow for it
+    return precision not in ("ieee", "none")  # "none" at both levels: the default, IEEE float32
+
+
 def _analysis_device(pl_module) -> torch.device:
     """Where the float64 analysis runs: the module's device for CUDA, else the CPU (MPS has no float64)."""
-    device = torch.device(pl_module.device)
-    return device if device.type == "cuda" else torch.device("cpu")
+    return analysis_device(pl_module.device)
 
 
 def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
