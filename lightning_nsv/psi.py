@@ -38,8 +38,9 @@ KRYLOV_MAX_STEPS, KRYLOV_CHECK, KRYLOV_EXTRA, KRYLOV_PRECHECK = 60, 6, 24, 1e-5
 #: d-dimensional space, so a certificate that does not come within a few is better left to the exact route).
 KRYLOV_TRIES = 3
 #: A relative gap (ratio of neighbouring σ² estimates) that ends a cluster at the small end of the spectrum: the
-#: certificate's window then spans the whole cluster, whose values are bounded through their gap to the rest.
-CLUSTER_GAP = 2.0
+#: certificate's window then spans the whole cluster, whose values are bounded through their gap to the rest, up to
+#: this many times the default window (the certificate's cost grows with the fourth power of its window).
+CLUSTER_GAP, CLUSTER_WINDOWS = 2.0, 8
 #: Rows whose pivots in a pivoted Cholesky factorisation of the Gram matrix fall below this fraction of its largest
 #: diagonal entry form the remainder of the rank-revealing route.
 PIVOT_TOL = 1e-13
@@ -434,10 +435,11 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
 def _window(estimates: Tensor, count: int, least: int) -> int:
     """Ritz pairs the certificate forms residuals for: ``least``, or, when the estimates (σ², from the end of the
     spectrum) show their largest relative gap beyond ``count`` further out and of at least :data:`CLUSTER_GAP`,
-    up to the first value past that gap. A cluster of close values at the end (e.g. 100 values at 1e-8 below a
+    up to the first value past that gap (at most :data:`CLUSTER_WINDOWS` times ``least``). A cluster of close values at the end (e.g. 100 values at 1e-8 below a
     gap) has no gap inside a shorter window, and only the window over all of it bounds them quadratically."""
     if len(estimates) <= least:
         return len(estimates)
+    estimates = estimates[:CLUSTER_WINDOWS * least]
     ratio = estimates[count:] / estimates[count - 1:-1].clamp_min(1e-300)
     widest = int(ratio.argmax())
     end = count + widest  # index of the first value past the widest gap

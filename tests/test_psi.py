@@ -254,6 +254,8 @@ def test_window_spans_a_cluster_only_past_a_gap():
     early = torch.cat([torch.full((10,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
     assert _window(early, 8, 32) == 32  # the gap already lies inside the default window
     assert _window(clustered[:20], 8, 32) == 20  # a space smaller than the window: all of it
+    huge = torch.cat([torch.full((300,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
+    assert _window(huge, 8, 32) == 32  # beyond 8 default windows: not spanned (its certificate would cost too much)
 
 
 def test_fast_route_falls_back_beyond_the_gram_matrix(fast_everywhere):
