@@ -37,10 +37,11 @@ KRYLOV_MAX_STEPS, KRYLOV_CHECK, KRYLOV_EXTRA, KRYLOV_PRECHECK = 60, 6, 24, 1e-5
 #: Exact Rayleigh–Ritz attempts before the Krylov route gives up (each costs about ``4·N·M·d`` flops for a
 #: d-dimensional space, so a certificate that does not come within a few is better left to the exact route).
 KRYLOV_TRIES = 3
-#: A relative gap (ratio of neighbouring σ² estimates) that ends a cluster at the small end of the spectrum: the
-#: certificate's window then spans the whole cluster, whose values are bounded through their gap to the rest, up to
-#: this many times the default window (the certificate's cost grows with the fourth power of its window).
-CLUSTER_GAP, CLUSTER_WINDOWS = 2.0, 8
+#: A relative gap (ratio of neighbouring σ² estimates) that ends a cluster at the small end of the spectrum: when
+#: the default window of Ritz pairs does not certify, a window over the whole cluster is tried, whose values are
+#: bounded through their gap to the rest; such a window spans at most CLUSTER_WINDOWS default ones (the
+#: certificate's cost grows with the fourth power of its window, and far out the estimates are unconverged).
+CLUSTER_GAP, CLUSTER_WINDOWS = 100.0, 8
 #: Rows whose pivots in a pivoted Cholesky factorisation of the Gram matrix fall below this fraction of its largest
 #: diagonal entry form the remainder of the rank-revealing route.
 PIVOT_TOL = 1e-13
@@ -424,26 +425,32 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         return torch.linalg.solve_triangular(factor, v, upper=False)
 
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
-        estimates = 1 / theta
-        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half,
-                           keep=_window(estimates, count, count + KRYLOV_EXTRA))
+        estimates, least = 1 / theta, count + KRYLOV_EXTRA
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=least)
+        if ritz.certified(count, rtol):
+            return ritz
+        wider = _cluster_window(estimates, count, least)
+        if wider is None:
+            return None
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=wider)
         return ritz if ritz.certified(count, rtol) else None
 
     return _krylov_largest(solve, size, BOTTOM_BLOCK, count, accept, gen)
 
 
-def _window(estimates: Tensor, count: int, least: int) -> int:
-    """Ritz pairs the certificate forms residuals for: ``least``, or, when the estimates (σ², from the end of the
-    spectrum) show their largest relative gap beyond ``count`` further out and of at least :data:`CLUSTER_GAP`,
-    up to the first value past that gap (at most :data:`CLUSTER_WINDOWS` times ``least``). A cluster of close values at the end (e.g. 100 values at 1e-8 below a
-    gap) has no gap inside a shorter window, and only the window over all of it bounds them quadratically."""
-    if len(estimates) <= least:
-        return len(estimates)
+def _cluster_window(estimates: Tensor, count: int, least: int) -> int | None:
+    """A window of Ritz pairs over a cluster at the end of the spectrum, wider than ``least``: up to the first
+    value past the largest relative gap of the estimates (σ², from the end) beyond the first ``count``, when that
+    gap is at least :data:`CLUSTER_GAP` and lies within :data:`CLUSTER_WINDOWS` times ``least``; else None.
+    A cluster at the end (e.g. 100 values at 1e-8, σ² below the Gram matrix's rounding, under a gap to 1e-3) has
+    no gap inside a shorter window, and only a window over all of it bounds its values quadratically."""
     estimates = estimates[:CLUSTER_WINDOWS * least]
+    if len(estimates) <= least:
+        return None
     ratio = estimates[count:] / estimates[count - 1:-1].clamp_min(1e-300)
     widest = int(ratio.argmax())
     end = count + widest  # index of the first value past the widest gap
-    return end + 1 if float(ratio[widest]) >= CLUSTER_GAP and end + 1 > least else least
+    return end + 1 if float(ratio[widest]) >= CLUSTER_GAP and end + 1 > least else None
 
 
 def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail: Tensor, sigma_max: float,

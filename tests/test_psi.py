@@ -244,18 +244,18 @@ def test_fast_route_certifies_a_cluster_at_the_gram_matrix_rounding(cluster):
     torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 1e-8), rtol=1e-6, atol=0)
 
 
-def test_window_spans_a_cluster_only_past_a_gap():
-    from lightning_nsv.psi import _window
+def test_cluster_window_spans_a_cluster_only_past_a_wide_gap():
+    from lightning_nsv.psi import _cluster_window
 
-    flat = torch.logspace(-12, 0, 400, dtype=torch.float64)  # no gap of 2x anywhere: the default window
-    assert _window(flat, 8, 32) == 32
-    clustered = torch.cat([torch.full((100,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
-    assert _window(clustered, 8, 32) == 101  # the cluster and the first value past its gap
-    early = torch.cat([torch.full((10,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
-    assert _window(early, 8, 32) == 32  # the gap already lies inside the default window
-    assert _window(clustered[:20], 8, 32) == 20  # a space smaller than the window: all of it
-    huge = torch.cat([torch.full((300,), 1e-16), torch.logspace(-6, 0, 300, dtype=torch.float64)])
-    assert _window(huge, 8, 32) == 32  # beyond 8 default windows: not spanned (its certificate would cost too much)
+    def spectrum(cluster, below, rest=300):
+        return torch.cat([torch.full((cluster,), 1e-16), torch.logspace(below, 0, rest, dtype=torch.float64)])
+
+    assert _cluster_window(torch.logspace(-12, 0, 400, dtype=torch.float64), 8, 32) is None  # no gap
+    assert _cluster_window(spectrum(100, -6), 8, 32) == 101  # the cluster and the first value past its gap
+    assert _cluster_window(spectrum(100, -15), 8, 32) is None  # a gap of 10 in σ², not CLUSTER_GAP
+    assert _cluster_window(spectrum(10, -6), 8, 32) is None  # the gap lies inside the default window
+    assert _cluster_window(spectrum(100, -6)[:30], 8, 32) is None  # no more pairs than the default window
+    assert _cluster_window(spectrum(300, -6), 8, 32) is None  # beyond 8 default windows (too costly, unconverged)
 
 
 def test_fast_route_falls_back_beyond_the_gram_matrix(fast_everywhere):
