@@ -304,7 +304,8 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
       large singular directions, which makes ``‖r‖`` about ``eps·κ²·μ``, hardly counts, so this bound stays near
       ``eps²κ²`` where the others give ``(eps·κ²)²/gap``. ``‖S‖²_{A⁻¹} <= (1 + η)‖L⁻¹ S‖²`` with η the
       Gram matrix's relative error, estimated as 3 times the largest disagreement between the Krylov estimates
-      (from G̃) and the exact Ritz values of the window (at least 1e-6; the bound is not used beyond η = 0.1).
+      (from G̃) and the exact Ritz values of the window (at least 1e-6; the bound is not used beyond η = 0.1;
+      a window over a cluster may reach pairs that have not converged, which only makes η larger).
 
     ``x`` may span the whole Krylov space while residuals are formed for the ``keep`` extreme Ritz pairs only: the
     residuals are then orthogonal to the whole space, which holds the neighbours beyond the window, so their
@@ -328,12 +329,13 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
     est = estimates[:len(mu)]
     # neighbours' σ² on either side (the next Ritz value or the Krylov estimate, whichever is nearer)
     nxt = torch.minimum(lam, est) if smallest else torch.maximum(lam, est)
+    outward = 1.0 if smallest else -1.0  # the sign of (next value − this one), away from the end of the spectrum
     c = len(mu)
     scaled = res * mu  # block residual R of B Bᵀ: columns μ_i r_i
     gram_r = scaled.T @ scaled
     window = torch.full((c,), math.inf, dtype=torch.float64)  # window[j]: bound for the first j + 1 values
     for j in range(1, c):  # window: the first j values; the next one bounds the gap
-        gap = abs(float(nxt[j]) - float(lam[j - 1]))
+        gap = outward * (float(nxt[j]) - float(lam[j - 1]))  # <= 0 (no bound) for a neighbour out of order
         norm2 = float(torch.linalg.eigvalsh(gram_r[:j, :j])[-1].clamp_min(0))  # ‖R_j‖₂²
         if gap > 2 * math.sqrt(norm2):
             window[j - 1] = norm2 / gap
@@ -353,7 +355,7 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
             low = (lam - energy).clamp_min(0).sqrt()
             errors = torch.minimum(errors, mu - low)
     for i in range(min(count, c - 1)):  # one value at a time (Kato–Temple), gap to both neighbours
-        gap = abs(float(nxt[i + 1]) - float(lam[i]))
+        gap = outward * (float(nxt[i + 1]) - float(lam[i]))
         if i > 0:
             gap = min(gap, abs(float(lam[i]) - float(lam[i - 1])))
         if gap > 2 * float(mu[i] * resid[i]):
@@ -429,22 +431,31 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=least)
         if ritz.certified(count, rtol):
             return ritz
-        wider = _cluster_window(estimates, count, least)
+        wider = _cluster_window(estimates, count, least, sigma_max)
         if wider is None:
             return None
-        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=wider)
+        cluster = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=wider)
+        past, last = cluster.values[wider - 1], cluster.values[wider - 2]
+        if not cluster.errors[wider - 1] <= 0.5 * (past - last):  # a singular value lies past the gap's middle
+            return None
+        errors = torch.minimum(cluster.errors[:least], ritz.errors)  # the Ritz values are the same: both bounds hold
+        ritz = _Ritz(ritz.values, errors, ritz.vectors)
         return ritz if ritz.certified(count, rtol) else None
 
     return _krylov_largest(solve, size, BOTTOM_BLOCK, count, accept, gen)
 
 
-def _cluster_window(estimates: Tensor, count: int, least: int) -> int | None:
+def _cluster_window(estimates: Tensor, count: int, least: int, sigma_max: float) -> int | None:
     """A window of Ritz pairs over a cluster at the end of the spectrum, wider than ``least``: up to the first
-    value past the largest relative gap of the estimates (σ², from the end) beyond the first ``count``, when that
-    gap is at least :data:`CLUSTER_GAP` and lies within :data:`CLUSTER_WINDOWS` times ``least``; else None.
+    value past the largest relative gap of the estimates (σ², from the end; those up to the first one outside
+    ``(0, σ_max²]`` only) beyond the first ``count``, when that gap is at least :data:`CLUSTER_GAP` and lies within
+    :data:`CLUSTER_WINDOWS` times ``least``; else None. The caller checks that the pair past the gap converged.
     A cluster at the end (e.g. 100 values at 1e-8, σ² below the Gram matrix's rounding, under a gap to 1e-3) has
     no gap inside a shorter window, and only a window over all of it bounds its values quadratically."""
     estimates = estimates[:CLUSTER_WINDOWS * least]
+    outside = (estimates <= 0) | (estimates > sigma_max**2 * (1 + 1e-6))
+    if bool(outside.any()):
+        estimates = estimates[:int(outside.long().argmax())]
     if len(estimates) <= least:
         return None
     ratio = estimates[count:] / estimates[count - 1:-1].clamp_min(1e-300)

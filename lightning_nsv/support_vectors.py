@@ -52,8 +52,9 @@ class NonFiniteError(ValueError):
     """Weights, inputs or outputs of the analysis hold NaN or inf."""
 
 
-def signed_labels(y: Tensor) -> Tensor:
-    """Labels in ``{-1, +1}`` from ``{0, 1}``, booleans or ``{-1, +1}``."""
+def signed_labels(y: Tensor | np.ndarray | Sequence[int]) -> Tensor:
+    """Labels in ``{-1, +1}`` (float64) from ``{0, 1}``, booleans or ``{-1, +1}`` (a tensor, an array or a list)."""
+    y = y if isinstance(y, Tensor) else torch.as_tensor(np.asarray(y))
     values = set(torch.unique(y).tolist())
     if not values <= {0, 1, -1}:
         raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)[:10]}: class labels, "
@@ -427,8 +428,9 @@ def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool,
     available = available_memory_bytes()
     if available is not None and nbytes > available:
         raise ValueError(f"{need}, more than the {available / 1e9:.1f} GB of memory available; {fix}")
-    if device.type == "cuda":  # the kernel is formed there
-        free = torch.cuda.mem_get_info(device)[0]
+    if device.type == "cuda":  # the kernel is formed there; torch's allocator reuses what it holds unused
+        unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free = torch.cuda.mem_get_info(device)[0] + unused
         if nbytes > free:
             raise ValueError(f"{need}, more than the {free / 1e9:.1f} GB free on {device}; {fix}")
 

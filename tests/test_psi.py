@@ -250,12 +250,16 @@ def test_cluster_window_spans_a_cluster_only_past_a_wide_gap():
     def spectrum(cluster, below, rest=300):
         return torch.cat([torch.full((cluster,), 1e-16), torch.logspace(below, 0, rest, dtype=torch.float64)])
 
-    assert _cluster_window(torch.logspace(-12, 0, 400, dtype=torch.float64), 8, 32) is None  # no gap
-    assert _cluster_window(spectrum(100, -6), 8, 32) == 101  # the cluster and the first value past its gap
-    assert _cluster_window(spectrum(100, -15), 8, 32) is None  # a gap of 10 in σ², not CLUSTER_GAP
-    assert _cluster_window(spectrum(10, -6), 8, 32) is None  # the gap lies inside the default window
-    assert _cluster_window(spectrum(100, -6)[:30], 8, 32) is None  # no more pairs than the default window
-    assert _cluster_window(spectrum(300, -6), 8, 32) is None  # beyond 8 default windows (too costly, unconverged)
+    assert _cluster_window(torch.logspace(-12, 0, 400, dtype=torch.float64), 8, 32, 1.0) is None  # no gap
+    assert _cluster_window(spectrum(100, -6), 8, 32, 1.0) == 101  # the cluster and the first value past its gap
+    assert _cluster_window(spectrum(100, -15), 8, 32, 1.0) is None  # a gap of 10 in σ², not CLUSTER_GAP
+    assert _cluster_window(spectrum(10, -6), 8, 32, 1.0) is None  # the gap lies inside the default window
+    assert _cluster_window(spectrum(100, -6)[:30], 8, 32, 1.0) is None  # no more pairs than the default window
+    assert _cluster_window(spectrum(300, -6), 8, 32, 1.0) is None  # beyond 8 default windows (too costly, unconverged)
+    flat = torch.full((200,), 1e-16, dtype=torch.float64)
+    for outside in (-1e-20, 2.0):  # an estimate below 0 or above σ_max² ends the estimates looked at
+        spoiled = torch.cat([flat[:100], torch.tensor([outside], dtype=torch.float64), flat[100:]])
+        assert _cluster_window(spoiled, 8, 32, 1.0) is None
 
 
 def test_fast_route_falls_back_beyond_the_gram_matrix(fast_everywhere):

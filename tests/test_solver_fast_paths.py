@@ -179,11 +179,15 @@ def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
 
 
 def test_dense_kernel_on_cuda_must_fit_in_its_free_memory(monkeypatch):
+    from lightning_nsv import support_vectors
     from lightning_nsv.support_vectors import _check_dense_fits
 
+    monkeypatch.setattr(support_vectors, "available_memory_bytes", lambda: 100 * 10**9)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 80 * 10**9))
-    _check_dense_fits(10**9, 11_000, None, False, torch.device("cuda:0"))  # fits
-    with pytest.raises(ValueError, match=r"needs 3.0 GB for m=19,000, more than the 2.0 GB free on cuda:0; use "
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**8)  # held by torch, unused
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    _check_dense_fits(2 * 10**9, 16_000, None, False, torch.device("cuda:0"))  # fits in free + unused reserved
+    with pytest.raises(ValueError, match=r"needs 3.0 GB for m=19,000, more than the 2.5 GB free on cuda:0; use "
                                          r"kernel='columns'"):
         _check_dense_fits(3 * 10**9, 19_000, None, False, torch.device("cuda:0"))
     _check_dense_fits(3 * 10**9, 19_000, None, False)  # on the CPU the host's memory counts

@@ -111,3 +111,19 @@ def test_misclassified_training_sample_is_refused():
     with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0, 1, 2\\]"):
         network_support_vectors(net, x, torch.arange(20) % 3)
     np.testing.assert_array_equal(signed_labels(torch.tensor([0, 1, -1, 1])).numpy(), [-1, 1, -1, 1])
+
+
+def test_labels_as_arrays_or_lists_give_the_tensor_analysis():
+    from lightning_nsv.support_vectors import max_margin_decision
+
+    net = random_net((6, 4), in_features=4, seed=21)
+    x, y = self_labelled(net, 120, seed=21)
+    fit = network_support_vectors(net, x, y)
+    for labels in (y.numpy(), y.tolist()):
+        np.testing.assert_array_equal(network_support_vectors(net, x, labels).svm.support_, fit.svm.support_)
+        torch.testing.assert_close(signed_labels(labels), signed_labels(y))
+    sv = fit.svm.support_
+    alpha = fit.svm.alpha_[sv]
+    expected = max_margin_decision(net, x[sv], y[sv], torch.from_numpy(alpha), x)
+    torch.testing.assert_close(max_margin_decision(net, x[sv], y[sv].numpy(), alpha, x), expected)
+    torch.testing.assert_close(max_margin_decision(net, x[sv], y[sv].tolist(), alpha.tolist(), x), expected)
