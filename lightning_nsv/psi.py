@@ -449,7 +449,7 @@ def _cluster_window(estimates: Tensor, count: int, least: int, sigma_max: float)
     """A window of Ritz pairs over a cluster at the end of the spectrum, wider than ``least``: up to the first
     value past the largest relative gap of the estimates (σ², from the end; those up to the first one outside
     ``(0, σ_max²]`` only) beyond the first ``count``, when that gap is at least :data:`CLUSTER_GAP` and lies within
-    :data:`CLUSTER_WINDOWS` times ``least``; else None. The caller checks that the pair past the gap converged.
+    :data:`CLUSTER_WINDOWS` times ``least``; else None. The caller checks that a singular value lies past the gap.
     A cluster at the end (e.g. 100 values at 1e-8, σ² below the Gram matrix's rounding, under a gap to 1e-3) has
     no gap inside a shorter window, and only a window over all of it bounds its values quadratically."""
     estimates = estimates[:CLUSTER_WINDOWS * least]
