@@ -137,6 +137,7 @@ class SupportVectorAnalysis:
         bound: sample-compression bound with ``n_hidden`` bits per support vector.
         signs: signs of the path weights ``wbar`` (fractions of paths and of path mass that are positive).
         val_predictions: ``(network, svm)`` predictions in ``{-1, +1}`` on the validation set.
+        solver_backend: where the solver ran: ``"numpy"`` (the CPU), ``"torch (DEVICE)"`` or ``"libsvm"``.
     """
 
     svm: MaxMarginResult
@@ -156,6 +157,7 @@ class SupportVectorAnalysis:
     val_errors_svm: int | None = None
     val_errors_both: int | None = None
     val_predictions: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+    solver_backend: str = "numpy"
 
     @property
     def n_support(self) -> int:
@@ -336,6 +338,8 @@ def network_support_vectors(
         bound=compression_bound(m, svm.n_support_, n_hidden, delta),
         delta=delta,
         signs=path_signs(net),
+        solver_backend=svm.method if svm.method != "active-set" else (
+            "numpy" if solver_device is None else f"torch ({solver_device})"),
     )
     if x_val is not None:
         _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")

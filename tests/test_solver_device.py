@@ -156,7 +156,10 @@ def test_network_support_vectors_same_with_either_solver(bias, beta):
     for a, b in zip(results["numpy"], results["torch"]):
         _assert_same_solution(a.svm, b.svm)
         assert abs(a.cosine - b.cosine) <= 1e-10
+        assert (a.solver_backend, b.solver_backend) == ("numpy", "torch (cpu)")
     assert results["torch"][0].val_agreement == results["numpy"][0].val_agreement
+    with_intercept = network_support_vectors(net, x, y, intercept=True, solver="torch")
+    assert with_intercept.solver_backend == "libsvm"  # the intercept protocol is scikit-learn's, on the CPU
 
 
 def test_solver_choice_reaches_the_solver(monkeypatch):

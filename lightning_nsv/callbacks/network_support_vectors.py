@@ -29,7 +29,6 @@ from lightning_nsv.support_vectors import (
     network_support_vectors,
     serve_kernel_columns,
     signed_labels,
-    solver_backend_device,
     uses_dense_kernel,
 )
 from lightning_nsv.sharded import ColumnSharing
@@ -636,7 +635,7 @@ class NetworkSupportVectors(Callback):
             "epoch": self._current_epoch(trainer),
             "global_step": trainer.global_step,
             "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
-                       "backend": self._solver_backend(pl_module, net, analysis),
+                       "backend": getattr(analysis, "solver_backend", "numpy"),  # multi-class: the CPU
                        "multiclass": self.multiclass, "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
                        "kernel_scale": getattr(analysis.svm, "kernel_scale", None),
                        "C_effective": getattr(analysis.svm, "C_effective", None),
@@ -645,15 +644,6 @@ class NetworkSupportVectors(Callback):
         }
         return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
                                     report=analysis.report())
-
-    def _solver_backend(self, pl_module, net, analysis: SupportVectorAnalysis) -> str:
-        """Where the solver ran: ``"numpy"`` (CPU), ``"torch (DEVICE)"`` or ``"libsvm"`` (with intercept)."""
-        if net.num_outputs != 1:
-            return "numpy"  # the multi-class solvers run on the CPU
-        if analysis.svm.method != "active-set":
-            return analysis.svm.method
-        device = solver_backend_device(self.solver, _analysis_device(pl_module))
-        return "numpy" if device is None else f"torch ({device})"
 
     def _log_figures(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         from lightning_nsv.plotting import alpha_histogram, image_grid, short_number
