@@ -629,9 +629,10 @@ class _DeviceFreeSet(_FreeSet):
             return
         n, p = len(self), int(positions[0])
         keep = np.setdiff1d(np.arange(n), positions)
-        after = torch.as_tensor(keep[keep > p], device=self.device)
+        kept = torch.as_tensor(keep, device=self.device)
+        after = kept[kept > p]
         chol = self._chol
-        factor = chol[torch.as_tensor(keep, device=self.device)][:, torch.as_tensor(keep, device=self.device)]
+        factor = chol[kept][:, kept]
         if len(after):
             r = torch.linalg.qr(chol[after, p:].T, mode="r").R
             factor[p:, p:] = (r * torch.sign(torch.diagonal(r))[:, None]).T

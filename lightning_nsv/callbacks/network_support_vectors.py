@@ -596,8 +596,8 @@ class NetworkSupportVectors(Callback):
                 initial=self._previous_support or None, sharing=sharing, solver=self.solver,
                 cache=None if self.stop_on_zero_error else self._gram_cache,  # rows kept for the next analysis only
             )
-        return multiclass_support_vectors(net, x_train.cpu(), y_train, None if x_val is None else x_val.cpu(), y_val,
-                                          method=self.multiclass, delta=self.delta)
+        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
+                                          delta=self.delta)  # on the CPU, where it moves its inputs
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
