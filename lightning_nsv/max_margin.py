@@ -117,6 +117,7 @@ def max_margin(
     tol: float = 1e-10,
     max_iter: int | None = None,
     initial: np.ndarray | None = None,
+    initial_block: int | None = None,
     device: str | torch.device | None = None,
 ) -> MaxMarginResult:
     """Max-margin classifier on a precomputed kernel.
@@ -138,6 +139,11 @@ def max_margin(
         tol: optimality tolerance on ``1 − y_i f(x_i)`` for the active-set solver.
         max_iter: bound on active-set iterations (default ``10·m``).
         initial: indices to try first as support vectors (e.g. smallest network margins).
+        initial_block: members of ``initial`` admitted at a time while they violate the margin, most violated
+            first (default ``⌊√m⌋``). A previous support is best admitted whole (``len(initial)``): most of it is
+            support again, and one wide block needs fewer, more efficient column computations and solver steps
+            than many narrow ones; for a guess, narrow blocks keep the members that earlier blocks made redundant
+            from being computed at all.
         device: where the active-set solver keeps the kernel columns and the Cholesky factor and runs its
             products, triangular solves and factor updates (torch, float64); ``None``: numpy on the CPU (less CPU
             time there for these small, latency-bound steps, and more accurate products). A ``kernel`` with
@@ -173,7 +179,10 @@ def max_margin(
     if intercept:
         full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
-    return _active_set(columns, y, scale, tol, max_iter, initial, None if device is None else torch.device(device))
+    if initial_block is not None and not (isinstance(initial_block, (int, np.integer)) and initial_block >= 1):
+        raise ValueError(f"`initial_block` must be a positive integer, got {initial_block!r}")
+    return _active_set(columns, y, scale, tol, max_iter, initial, None if device is None else torch.device(device),
+                       initial_block)
 
 
 def pair_max_margin(
@@ -641,12 +650,12 @@ class _DeviceFreeSet(_FreeSet):
         self.store.keep(keep, len(self.index))
 
 
-def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None) -> MaxMarginResult:
+def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None, initial_block=None) -> MaxMarginResult:
     m = y.shape[0]
     if device is not None:
         store = _DeviceColumnStore(_device_q_columns(kernel_columns, y, scale, device), m, device)
         with single_threaded_blas():
-            return _active_set_loop(store, y, scale, tol, max_iter, initial, _DeviceFreeSet)
+            return _active_set_loop(store, y, scale, tol, max_iter, initial, _DeviceFreeSet, initial_block)
     signed_columns = getattr(kernel_columns, "signed_columns", None)
 
     def q_columns(idx):
@@ -658,7 +667,7 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None) -
         return cols
 
     with single_threaded_blas():
-        return _active_set_loop(_ColumnStore(q_columns, m), y, scale, tol, max_iter, initial)
+        return _active_set_loop(_ColumnStore(q_columns, m), y, scale, tol, max_iter, initial, None, initial_block)
 
 
 def _device_q_columns(kernel_columns, y: np.ndarray, scale: float, device: torch.device):
@@ -712,13 +721,14 @@ def solver_progress(report: Callable[[int, int, float], None]) -> Iterator[None]
         _PROGRESS.reset(token)
 
 
-def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None) -> MaxMarginResult:
+def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None, initial_block=None) -> MaxMarginResult:
     m = y.shape[0]
     report = _PROGRESS.get()
     free = (free_set or _FreeSet)(store)
     alpha = np.zeros(0)
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
+    initial_block = batch if initial_block is None else initial_block
     pending = None if initial is None else np.unique(np.asarray(initial, dtype=np.int64))
     if pending is not None and len(pending) and (pending.min() < 0 or pending.max() >= m):
         raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
@@ -730,11 +740,11 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None) -> 
         in_free[free.index] = True
         candidates = pending[:0] if pending is not None else np.zeros(0, dtype=np.int64)
         if pending is not None:
-            # `initial` first, in blocks of `batch`, most violated first: members of a previous support that
-            # the blocks before made redundant are never fetched
+            # `initial` first, in blocks of `initial_block`, most violated first: members that the blocks before
+            # made redundant are never fetched
             pending = pending[~in_free[pending] & (-gradient[pending] > tol)]
             order = np.argsort(gradient[pending], kind="stable")
-            candidates, pending = pending[order[:batch]], pending[order[batch:]]
+            candidates, pending = pending[order[:initial_block]], pending[order[initial_block:]]
             pending = pending if len(pending) else None
         if not len(candidates):
             violation = np.where(in_free, 0.0, -gradient)

@@ -251,8 +251,9 @@ def network_support_vectors(
         max_dense_bytes: largest dense kernel ``"auto"`` builds.
         block_size: rows per block of the dense kernel computation.
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
-            (a warm start); default: the support kept in ``cache`` for these inputs, else the ``4·⌊√m⌋`` smallest
-            network margins ``y·N(x)`` (admitted ``⌊√m⌋`` at a time while they violate the margin).
+            (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
+            the support kept in ``cache`` for these inputs (the same), else the ``4·⌊√m⌋`` smallest network margins
+            ``y·N(x)``, admitted ``⌊√m⌋`` at a time, most violated first, while they violate the margin.
         cache: an :class:`~lightning_nsv.path_space.InputGramCache` to pass to every analysis of the same
             training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
             those of this analysis's support (``8·m·s`` bytes; up to ``8·m·s'`` during the analysis) and warm
@@ -309,12 +310,15 @@ def network_support_vectors(
         columns = _kernel_columns(on_device, x_train, slopes_train, cache)
         if initial is None and cache is not None and len(cache):
             initial = cache.samples.cpu().numpy()  # the previous support (the cache holds these inputs' rows)
+        initial_block = None  # a guess from the margins: admitted ⌊√m⌋ at a time
         if initial is None:
             initial = torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy()
+        else:  # a previous support: admitted whole
+            initial_block = max(1, len(initial))
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype)
         svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
-                         initial=initial, device=solver_device)
+                         initial=initial, initial_block=initial_block, device=solver_device)
         if cache is not None:
             cache.keep(svm.support_)
 

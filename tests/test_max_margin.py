@@ -112,6 +112,37 @@ def test_column_function_and_initial_guess_give_the_same_solution():
     np.testing.assert_allclose(lazy.alpha_, dense.alpha_, atol=1e-9 * dense.alpha_.max())
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("block", [1, 7, None, 10_000])
+def test_initial_block_sizes_give_the_dense_solution(block, device):
+    kernel, y = separable(300, 6, seed=7, degree=2)
+    dense = max_margin(kernel, y)
+    rng = np.random.default_rng(1)
+    initial = np.union1d(dense.support_[rng.random(dense.n_support_) < 0.7], rng.choice(len(y), 30, replace=False))
+    lazy = max_margin(lambda idx: kernel[:, idx], y, kernel_diag=np.diag(kernel), initial=initial,
+                      initial_block=block, device=device)
+    np.testing.assert_array_equal(lazy.support_, dense.support_)
+    np.testing.assert_allclose(lazy.alpha_, dense.alpha_, atol=1e-9 * dense.alpha_.max())
+    assert lazy.kkt_residual <= 1e-10
+
+
+def test_a_support_admitted_whole_needs_one_step():
+    """Started from the exact support as one block, the solver only checks it; in blocks of ⌊√m⌋ it needs a step
+    per block."""
+    kernel, y = separable(400, 14, seed=3, degree=2)
+    dense = max_margin(kernel, y)
+    assert dense.n_support_ > 2 * int(np.sqrt(len(y)))  # several default blocks
+    columns = dict(kernel_diag=np.diag(kernel), initial=dense.support_)
+    whole = max_margin(lambda idx: kernel[:, idx], y, initial_block=dense.n_support_, **columns)
+    blocks = max_margin(lambda idx: kernel[:, idx], y, **columns)
+    np.testing.assert_array_equal(whole.support_, dense.support_)
+    np.testing.assert_array_equal(blocks.support_, dense.support_)
+    assert whole.iterations <= 2 < blocks.iterations
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="`initial_block` must be a positive integer"):
+            max_margin(lambda idx: kernel[:, idx], y, initial_block=bad, **columns)
+
+
 def test_not_separable_through_origin():
     x = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(NotSeparableError, match="not separable through the origin"):
