@@ -33,6 +33,7 @@ from torch import Tensor  # noqa: E402
 
 from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes, path_signs  # noqa: E402
 from lightning_nsv.support_vectors import max_margin_decision, signed_labels  # noqa: E402
+from lightning_nsv.ticks import unicode_log_ticks  # noqa: E402
 
 __all__ = [
     "CARD_WIDTH",
@@ -125,6 +126,7 @@ def alpha_histogram(alpha: np.ndarray, bins: int = 40):
         edges = np.logspace(np.log10(alpha.min()), np.log10(alpha.max()) + 1e-9, bins + 1)
         ax.hist(alpha, bins=edges, color=POSITIVE)
         ax.set_xscale("log")
+        unicode_log_ticks(ax.xaxis)
         ax.set_xlim(10.0 ** low, 10.0 ** high)
         ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
         ax.xaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10), numticks=12))
@@ -359,10 +361,14 @@ def plot_sweep(
         std = np.array([row.get(f"{metric}_std", np.nan) for row in rows], dtype=float)
         ax.errorbar(xs, mean, yerr=np.where(np.isfinite(std), std, 0.0), marker="o", capsize=3, label=label)
     ax.set_xscale("log" if logx else "linear")
+    if logx:
+        unicode_log_ticks(ax.xaxis)
     if np.all(xs == np.round(xs)) and len(np.unique(xs)) <= 12:
         ax.set_xticks(np.unique(xs), [f"{v:g}" for v in np.unique(xs)])
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_yscale("log" if logy else "linear")
+    if logy:
+        unicode_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -393,6 +399,7 @@ def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], m
     ax.plot(epochs, cosine, "o-", label="cos(w̄, v)")
     ax.plot(epochs, margin_ratio, "s-", label="margin ratio")
     ax.set_xscale("log")
+    unicode_log_ticks(ax.xaxis)
     ax.set_xlabel("epoch (log scale)")
     ax.set_ylabel("value (1 = max-margin)")
     ax.set_ylim(0, 1.05)

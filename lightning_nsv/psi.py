@@ -151,6 +151,9 @@ class PsiSpectrum:
             top, bottom = self.top.clamp_min(floor).numpy(), self.bottom.clamp_min(floor).numpy()
             ax.semilogy(range(1, len(top) + 1), top, "o-", ms=3, lw=0.8, label=f"largest {len(top)}")
             ax.semilogy(range(k - len(bottom) + 1, k + 1), bottom, "s-", ms=3, lw=0.8, label=f"smallest {len(bottom)}")
+        from lightning_nsv.ticks import unicode_log_ticks  # matplotlib only where a figure is drawn
+
+        unicode_log_ticks(ax.yaxis)
         ax.axhline(self.tolerance, color="C3", ls="--", lw=0.8, label="rank tolerance")
         ax.axvline(self.num_samples, color="C7", ls=":", lw=0.8, label="N")
         ax.set(xlabel="index i (descending order)", ylabel="singular value σᵢ of Ψ",

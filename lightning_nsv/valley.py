@@ -162,6 +162,9 @@ class EscapePath:
         ax.axhline(self.start_loss, color="C1", ls="--", lw=0.8, label="current loss")
         ax.axhline(self.eps / 2, color="C2", ls=":", lw=0.8, label="ε/2")
         ax.set_yscale("log")
+        from lightning_nsv.ticks import unicode_log_ticks  # matplotlib only where a figure is drawn
+
+        unicode_log_ticks(ax.yaxis)
         status = "" if self.applies else f" (does not apply: residual {self.residual:.1e})"
         ax.set(xlabel="λ", ylabel="mean cross-entropy", title=f"escape path to V*{status}")
         ax.legend(fontsize=8)

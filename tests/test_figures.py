@@ -24,6 +24,7 @@ from lightning_nsv.plotting import (
 from lightning_nsv.max_margin import max_margin
 from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_signs
 from lightning_nsv.plotting import plt
+from lightning_nsv.ticks import power_of_ten
 from tests.reference import materialise_phi
 
 
@@ -162,7 +163,39 @@ def test_alpha_histogram_labels_few_decades_without_overlap(low, high):
     assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
     boxes = sorted((t.get_window_extent() for t in labels), key=lambda box: box.x0)
     assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:]))
+    for label in labels:  # Unicode powers of ten where matplotlib writes mathtext, at the tick's value
+        assert _label_value(label.get_text()) == pytest.approx(label.get_position()[0])
     plt.close(fig)
+
+
+def _label_value(text: str) -> float:
+    """The number a ``c×10ᵏ`` / ``10ᵏ`` label stands for."""
+    coefficient, _, power = text.rpartition("10")
+    exponent = power.translate(str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789"))
+    return float(coefficient.rstrip("×") or 1) * 10.0 ** int(exponent)
+
+
+@pytest.mark.parametrize("value, text", [(1e-3, "10⁻³"), (1.0, "10⁰"), (10.0, "10¹"), (1e12, "10¹²"),
+                                         (2e-3, "2×10⁻³"), (2.5e-7, "2.5×10⁻⁷"), (0.999999999e-3, "10⁻³"),
+                                         (5.0, "5×10⁰"), (1e-300, "10⁻³⁰⁰")])
+def test_power_of_ten_labels(value, text):
+    assert power_of_ten(value) == text
+
+
+def test_log_axes_of_the_figures_need_no_mathtext():
+    from lightning_nsv.plotting import plot_max_margin_approach
+    from lightning_nsv.psi import psi_spectrum
+
+    spectrum = psi_spectrum(torch.randn(40, 60, dtype=torch.float64) @ torch.diag(
+        torch.logspace(0, -6, 60, dtype=torch.float64)), spectrum="full")
+    for (fig, ax), axis in ((spectrum.plot(), "y"), (plot_max_margin_approach([1, 2, 3], [0.1] * 3, [0.2] * 3), "x")):
+        fig.canvas.draw()
+        ticks = ax.get_yticklabels() if axis == "y" else ax.get_xticklabels()
+        minor = ax.get_yticklabels(minor=True) if axis == "y" else ax.get_xticklabels(minor=True)
+        texts = [t.get_text() for t in [*ticks, *minor] if t.get_text()]
+        assert texts and not [t for t in texts if "$" in t]
+        assert any("10" in t for t in texts)
+        plt.close(fig)
 
 
 def test_short_number_and_error_bar_caption():
