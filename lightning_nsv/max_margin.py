@@ -306,6 +306,36 @@ class _ColumnStore:
     def admit(self, columns: _DenseColumns) -> None:
         self._blocks.append(columns.cols)
         self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
+        if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
+            self._merge_narrow()
+
+    def _merge_narrow(self) -> None:
+        """The live columns of the blocks narrower than :data:`NARROW_BLOCK` in one block (a product per block in
+        :meth:`q_times`: single columns admitted one by one, e.g. on near-duplicate samples, would make it a loop)."""
+        narrow = [b for b, block in enumerate(self._blocks) if block.shape[1] < NARROW_BLOCK]
+        live: dict[int, list[int]] = {b: [] for b in narrow}
+        for b, c in self._where:
+            if b in live:
+                live[b].append(c)
+        renumber, blocks, parts = {}, [], []
+        for b, block in enumerate(self._blocks):
+            if b not in live:
+                renumber.update({(b, c): (len(blocks), c) for c in range(block.shape[1])})
+                blocks.append(block)
+        merged = len(blocks)
+        for b in narrow:
+            columns = sorted(live[b])
+            renumber.update({(b, c): (merged, sum(p.shape[1] for p in parts) + k) for k, c in enumerate(columns)})
+            if columns:
+                parts.append(self._columns_of(self._blocks[b], columns))
+        if parts:
+            blocks.append(self._joined(parts))
+        self._blocks = blocks
+        self._where = [renumber[w] for w in self._where]
+
+    @staticmethod
+    def _joined(parts: list[np.ndarray]) -> np.ndarray:
+        return np.asfortranarray(np.concatenate(parts, axis=1))
 
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] @ alpha`` (numpy's gemv: torch's on these Fortran-ordered blocks measured 2–4× less accurate,
@@ -583,6 +613,10 @@ class _DeviceColumnStore(_ColumnStore):
     def _columns_of(self, block: torch.Tensor, columns: list[int]) -> torch.Tensor:
         return block[:, torch.as_tensor(columns, device=self.device)]
 
+    @staticmethod
+    def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, dim=1)
+
 
 class _DeviceFreeSet(_FreeSet):
     """:class:`_FreeSet` with the Cholesky factor of ``Q_FF`` a float64 tensor on the store's device: admission by
@@ -761,8 +795,9 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None, ini
             gradient = free.q_times(alpha) - 1.0
             continue
         size_before = len(free)
-        if not _add(free, candidates):
-            alpha = _singular_step(free, candidates[0], alpha)
+        dependent = _add(free, candidates)
+        if dependent is not None:
+            alpha = _singular_step(free, dependent, alpha)
         alpha = np.concatenate([alpha, np.zeros(len(free) - len(alpha))])
         alpha = _descend(free, alpha)
         if len(free) <= size_before:
@@ -798,6 +833,7 @@ DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE, DEAD_BYTES_MIN = 64, 16, 64 << 20
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 REMOVE_COLUMNS = GROW_COLUMNS = 256  # columns of the factor moved at a time in a downdate or an update
+NARROW_BLOCK, NARROW_BLOCKS = 16, 32  # this many stored blocks narrower than NARROW_BLOCK columns are merged
 
 
 def _descend(free: _FreeSet, alpha: np.ndarray) -> np.ndarray:
@@ -860,21 +896,22 @@ def _refine(free: _FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarr
     return refined if np.all(refined > 0) else np.where(refined > 0, refined, alpha)
 
 
-def _add(free: _FreeSet, candidates: np.ndarray) -> bool:
-    """Add the candidates as a block, else one by one; ``False`` when the first one is dependent on F."""
+def _add(free: _FreeSet, candidates: np.ndarray):
+    """Add the candidates as a block, else one by one; None when one was added, else the first one's columns (it is
+    dependent on F: the caller's singular step takes them)."""
     columns = free.fetch(candidates)
     if free.try_add(columns):
-        return True
+        return None
     added = False
     for k in range(len(candidates)):
         added |= free.try_add(columns.single(k))
-    return added
+    return None if added else columns.single(0)
 
 
-def _singular_step(free: _FreeSet, j: int, alpha: np.ndarray) -> np.ndarray:
-    """``y_j phi_j`` lies in the span of the free set: move along the null direction of ``Q`` until a free
-    coefficient reaches zero, drop it, then admit ``j``."""
-    columns = free.fetch(np.array([j]))
+def _singular_step(free: _FreeSet, columns, alpha: np.ndarray) -> np.ndarray:
+    """``y_j phi_j`` (``columns``: those of the one candidate j, from :func:`_add`) lies in the span of the free set:
+    move along the null direction of ``Q`` until a free coefficient reaches zero, drop it, then admit ``j``."""
+    j = int(columns.new[0])
     coef = free.solve(columns.take(np.asarray(free.index))[:, 0])
     if not np.any(coef > 0):
         raise NotSeparableError(

@@ -213,3 +213,37 @@ def test_updates_and_downdates_in_place_give_the_factor_of_the_members(monkeypat
                 assert np.all(np.triu(factor, 1) == 0) and np.all(np.diag(factor) > 0)
                 np.testing.assert_allclose(factor @ factor.T, gram[np.ix_(members, members)], rtol=1e-9,
                                            atol=1e-9 * np.abs(gram).max())
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
+    """Members admitted a column or a few at a time (as on near-duplicate samples) end up in few stored blocks;
+    ``Q[:, F] α`` stays that of the members through admissions, deletions and compactions."""
+    import torch
+
+    import lightning_nsv.max_margin as max_margin_module
+    from lightning_nsv.max_margin import _ColumnStore, _DeviceColumnStore, _DeviceFreeSet, _FreeSet
+
+    rng = np.random.default_rng(2)
+    m = 400
+    a = rng.standard_normal((m, 2 * m))
+    gram = a @ a.T
+    if on_device:
+        store = _DeviceColumnStore(lambda idx: torch.from_numpy(gram[:, idx].copy()), m, torch.device("cpu"))
+        free = _DeviceFreeSet(store)
+    else:
+        store = _ColumnStore(lambda idx: np.asfortranarray(gram[:, idx]), m)
+        free = _FreeSet(store)
+    for step in range(200):
+        outside = np.setdiff1d(np.arange(m), free.index)
+        if len(free) > 20 and (rng.random() < 0.3 or len(outside) < 30):
+            free.remove(rng.choice(len(free), int(rng.integers(1, 4)), replace=False))
+        else:
+            width = 1 if rng.random() < 0.8 else int(rng.integers(2, 30))
+            assert free.try_add(free.fetch(rng.choice(outside, min(width, len(outside)), replace=False)))
+        narrow = sum(block.shape[1] < max_margin_module.NARROW_BLOCK for block in store._blocks)
+        assert narrow < max_margin_module.NARROW_BLOCKS
+        alpha = rng.random(len(free))
+        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
+                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+    assert len(store._blocks) < 40  # without merging: one block per admission, about 140
