@@ -368,12 +368,13 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
 
 
 def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, count: int,
-                    accept: Callable[[Tensor, Tensor], _Ritz | None], gen: torch.Generator) -> _Ritz | None:
+                    accept: Callable[[Tensor, Tensor], _Ritz | None], gen: torch.Generator,
+                    whole_space: bool = True) -> _Ritz | None:
     """Block Krylov (block Lanczos with full reorthogonalisation) for the largest eigenpairs of the symmetric
     positive operator ``apply`` on R^dim. Every ``KRYLOV_CHECK`` blocks the Ritz pairs of the Krylov space are
-    formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` their vectors (and a few
-    more) and eigenvalue estimates go to ``accept`` (the exact certificate), whose answer, when not None, is
-    returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS`` blocks are spent or ``KRYLOV_TRIES``
+    formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` the space (``whole_space``)
+    or only those Ritz vectors and ``KRYLOV_EXTRA`` more, with the eigenvalue estimates, go to ``accept`` (the exact
+    certificate), whose answer, when not None, is returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS`` blocks are spent or ``KRYLOV_TRIES``
     certificates failed."""
     block = min(block, dim)
     q = _orthonormal(torch.randn(dim, block, generator=gen, dtype=torch.float64))
@@ -394,7 +395,7 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
             rel = torch.linalg.vector_norm(zs @ s - x * theta, dim=0) / theta.abs().clamp_min(1e-300)
             worst = float(rel[:count].max())
             if worst <= KRYLOV_PRECHECK or last:
-                found = accept(qs, everything)  # Rayleigh–Ritz with B on the whole Krylov space
+                found = accept(qs if whole_space else x, everything)  # Rayleigh–Ritz with B on that space
                 if found is not None:
                     return found
                 tries += 1
@@ -408,13 +409,15 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
 
 def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> _Ritz | None:
     """The ``count`` largest singular values of B: block Krylov on the Gram matrix, Rayleigh–Ritz with B itself;
-    the largest (σ_max) is certified, the others are Ritz values of the same space (lower bounds, interlacing)."""
+    the largest (σ_max) is certified, the others are Ritz values of the same space (lower bounds, interlacing).
+    The exact step takes the Krylov space's leading Ritz vectors only (``W = Bᵀ X`` for 32 vectors instead of the
+    whole space): σ_max needs only its linear or gap bound, which the residual of a converged vector gives."""
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
         ritz = _exact_ritz(b, x, None, math.sqrt(max(float(theta[0]), 0.0)), False, count, theta,
                            keep=count + KRYLOV_EXTRA)
         return ritz if ritz.certified(1) else None
 
-    return _krylov_largest(lambda v: gram @ v, gram.shape[0], TOP_BLOCK, 1, accept, gen)
+    return _krylov_largest(lambda v: gram @ v, gram.shape[0], TOP_BLOCK, 1, accept, gen, whole_space=False)
 
 
 def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int, sigma_max: float,
