@@ -763,7 +763,7 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None, ini
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
     initial_block = batch if initial_block is None else initial_block
-    pending = None if initial is None else np.unique(np.asarray(initial, dtype=np.int64))
+    pending = None if initial is None else _distinct_in_order(np.asarray(initial, dtype=np.int64).reshape(-1))
     if pending is not None and len(pending) and (pending.min() < 0 or pending.max() >= m):
         raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
                          f"[{pending.min()}, {pending.max()}]")
@@ -825,6 +825,14 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None, ini
             stacklevel=3,
         )
     return _result(alpha_full, y, margins, scale, 0.0, kkt, 0, math.inf, iteration, "active-set")
+
+
+def _distinct_in_order(indices: np.ndarray) -> np.ndarray:
+    """``indices`` without repeats, in the order of their first occurrence: a block of ``initial`` whose members all
+    violate the margin equally (at the start) is fetched in the caller's order, e.g. that of an input-Gram cache's
+    rows, which then serves the block without a copy."""
+    _, first = np.unique(indices, return_index=True)
+    return indices[np.sort(first)]
 
 
 # the column store compacts when its dead columns outnumber max(64, members / 16) and take over 64 MiB: a

@@ -341,6 +341,16 @@ class InputGramCache:
         held = torch.nonzero(self._slot >= 0)[:, 0]
         return held[torch.argsort(self._slot[held])]
 
+    def in_slot_order(self, samples: np.ndarray) -> np.ndarray:
+        """``samples`` with those whose rows are kept first, in the order of the rows (a block of them is then served
+        without a copy), the others after them in their order."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if self._slot is None or not len(samples) or samples.min() < 0 or samples.max() >= len(self._slot):
+            return samples  # nothing kept, or indices the caller refuses
+        slots = self._slot.cpu().numpy()[samples]
+        held = slots >= 0
+        return np.concatenate([samples[held][np.argsort(slots[held], kind="stable")], samples[~held]])
+
     @staticmethod
     def _identify(x: Tensor, dtype: torch.dtype) -> tuple:
         return (tuple(x.shape), x.dtype, dtype, x.device), random_projection(x, torch.Generator().manual_seed(0)).cpu()

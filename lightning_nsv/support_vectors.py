@@ -310,12 +310,14 @@ def network_support_vectors(
         columns = _kernel_columns(on_device, x_train, slopes_train, cache)
         if initial is None and cache is not None and len(cache):
             initial = cache.samples.cpu().numpy()  # the previous support (the cache holds these inputs' rows)
-        initial_block = None  # a guess from the margins: admitted ⌊√m⌋ at a time
+        initial_block = None  # a guess from the margins: admitted ⌊√m⌋ at a time (ties at the start: index order)
         if initial is None:
-            initial = torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy()
+            initial = np.sort(torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy())
         else:  # a previous support: admitted whole
             initial_block = max(1, len(initial))
         initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
+        if cache is not None:
+            initial = cache.in_slot_order(initial)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype)
         svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
                          initial=initial, initial_block=initial_block, device=solver_device)

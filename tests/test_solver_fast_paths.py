@@ -106,6 +106,42 @@ def test_input_gram_cache_between_analyses_gives_the_cold_solution(bias, beta):
     assert not cache.attach(shifted) and len(cache) == 0
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_a_warm_start_reads_the_previous_support_from_the_cache_in_place(monkeypatch, explicit):
+    """The previous support is fetched as one block in the order of the cache's rows (given as ``initial`` in any
+    order, or taken from the cache), which serves it without a copy; the solution is the cold one."""
+    net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
+    x, y = self_labelled(net, 400, seed=7)
+    cache = InputGramCache()
+    first = network_support_vectors(net, x, y, cache=cache).svm
+    cache.keep(torch.from_numpy(first.support_[::-1].copy()))  # rows kept in another order than the indices
+    served = []
+    rows_view = InputGramCache.rows_view
+
+    def recording(self, chunks, idx):
+        view = rows_view(self, chunks, idx)
+        served.append(self.shares(view))
+        return view
+
+    monkeypatch.setattr(InputGramCache, "rows_view", recording)
+    initial = np.random.default_rng(0).permutation(first.support_) if explicit else None
+    warm = network_support_vectors(net, x, y, cache=cache, initial=initial).svm
+    assert served[0]  # the whole previous support, straight from the cache's block
+    np.testing.assert_array_equal(warm.support_, first.support_)
+    np.testing.assert_allclose(warm.alpha_, first.alpha_, rtol=1e-9, atol=1e-9 * first.alpha_.max())
+    assert warm.iterations <= 2
+
+
+def test_in_slot_order_puts_kept_samples_first_in_row_order():
+    x = torch.randn(10, 3, dtype=torch.float64)
+    cache = InputGramCache()
+    assert list(cache.in_slot_order(np.array([3, 1]))) == [3, 1]  # nothing kept yet
+    cache.attach(x)
+    cache.rows(x, torch.tensor([7, 2, 5]))
+    assert list(cache.in_slot_order(np.array([5, 0, 2, 9, 7]))) == [7, 2, 5, 0, 9]
+    assert list(cache.in_slot_order(np.array([4, 10]))) == [4, 10]  # out of range: left to the solver's check
+
+
 def test_zero_one_and_signed_labels_give_identical_results():
     net = random_net((4, 3), in_features=4, beta=0.1, seed=8)
     x, y01 = self_labelled(net, 200, seed=9)
