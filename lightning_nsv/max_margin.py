@@ -179,7 +179,8 @@ def max_margin(
     if intercept:
         full = dense / scale if not callable(kernel) else columns(np.arange(y.shape[0])) / scale
         return _svc_with_intercept(full, y, scale, C)
-    if initial_block is not None and not (isinstance(initial_block, (int, np.integer)) and initial_block >= 1):
+    if initial_block is not None and not (isinstance(initial_block, (int, np.integer))
+                                          and not isinstance(initial_block, bool) and initial_block >= 1):
         raise ValueError(f"`initial_block` must be a positive integer, got {initial_block!r}")
     return _active_set(columns, y, scale, tol, max_iter, initial, None if device is None else torch.device(device),
                        initial_block)

@@ -37,7 +37,7 @@ KRYLOV_MAX_STEPS, KRYLOV_CHECK, KRYLOV_EXTRA, KRYLOV_PRECHECK = 60, 6, 24, 1e-5
 #: The smallest values' exact Rayleigh–Ritz step first takes this many times the reported and extra pairs' Ritz
 #: vectors (the ones nearest the end of the spectrum), and the whole Krylov space when that does not certify (and
 #: from then on).
-BOTTOM_SUBSPACE = 4
+BOTTOM_SUBSPACE = 8
 #: Exact Rayleigh–Ritz attempts before the Krylov route gives up (each costs about ``4·N·M·d`` flops for a
 #: d-dimensional space, so a certificate that does not come within a few is better left to the exact route).
 KRYLOV_TRIES = 3

@@ -138,7 +138,7 @@ def test_a_support_admitted_whole_needs_one_step():
     np.testing.assert_array_equal(whole.support_, dense.support_)
     np.testing.assert_array_equal(blocks.support_, dense.support_)
     assert whole.iterations <= 2 < blocks.iterations
-    for bad in (0, -3, 2.5):
+    for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="`initial_block` must be a positive integer"):
             max_margin(lambda idx: kernel[:, idx], y, initial_block=bad, **columns)
 
