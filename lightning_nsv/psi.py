@@ -34,10 +34,6 @@ BOTTOM_BLOCK, TOP_BLOCK = 32, 16
 #: Krylov blocks at most, blocks between two looks at the Ritz pairs, Ritz vectors beyond the reported ones that go
 #: to the exact Rayleigh–Ritz step, and the operator's relative residual at which that step is tried.
 KRYLOV_MAX_STEPS, KRYLOV_CHECK, KRYLOV_EXTRA, KRYLOV_PRECHECK = 60, 6, 24, 1e-5
-#: The smallest values' exact Rayleigh–Ritz step first takes this many times the reported and extra pairs' Ritz
-#: vectors (the ones nearest the end of the spectrum), and the whole Krylov space when that does not certify (and
-#: from then on).
-BOTTOM_SUBSPACE = 8
 #: Exact Rayleigh–Ritz attempts before the Krylov route gives up (each costs about ``4·N·M·d`` flops for a
 #: d-dimensional space, so a certificate that does not come within a few is better left to the exact route).
 KRYLOV_TRIES = 3
@@ -196,8 +192,7 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
 
       1. σ_max and the largest values: block Krylov on G, Rayleigh–Ritz with B itself, residual certificate.
       2. If G has a Cholesky factor ``L Lᵀ`` (``k³/3``): block Krylov on ``(L Lᵀ)⁻¹`` (block triangular
-         solves) for the smallest singular subspace, then Rayleigh–Ritz with B itself: ``W = Bᵀ X`` (X: the
-         Ritz vectors nearest that end, ``BOTTOM_SUBSPACE`` windows of them, else the whole Krylov space). The Ritz
+         solves) for the smallest singular subspace, then Rayleigh–Ritz with B itself: ``W = Bᵀ X``. The Ritz
          values are upper bounds of the singular values they approximate (interlacing) and, computed from B,
          are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
          ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
@@ -373,13 +368,13 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
 
 
 def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, count: int,
-                    accept: Callable[[Tensor, Tensor], _Ritz | None], gen: torch.Generator) -> _Ritz | None:
+                    accept: Callable[[Tensor, Tensor], _Ritz | None], gen: torch.Generator,
+                    whole_space: bool = True) -> _Ritz | None:
     """Block Krylov (block Lanczos with full reorthogonalisation) for the largest eigenpairs of the symmetric
     positive operator ``apply`` on R^dim. Every ``KRYLOV_CHECK`` blocks the Ritz pairs of the Krylov space are
-    formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` all Ritz vectors (orthonormal,
-    largest eigenvalue first: their leading columns span the best subspaces of each size, all of them the Krylov
-    space) and the eigenvalue estimates go to ``accept`` (the exact certificate), whose answer, when not None, is
-    returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS`` blocks are spent or ``KRYLOV_TRIES``
+    formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` the space (``whole_space``)
+    or only those Ritz vectors and ``KRYLOV_EXTRA`` more, with the eigenvalue estimates, go to ``accept`` (the exact
+    certificate), whose answer, when not None, is returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS`` blocks are spent or ``KRYLOV_TRIES``
     certificates failed."""
     block = min(block, dim)
     q = _orthonormal(torch.randn(dim, block, generator=gen, dtype=torch.float64))
@@ -391,16 +386,16 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
         if step % KRYLOV_CHECK == 0 or last:
             qs, zs = torch.cat(basis, 1), torch.cat(images, 1)
             t = qs.T @ zs
-            theta, vectors = torch.linalg.eigh((t + t.T) / 2)
+            theta, s = torch.linalg.eigh((t + t.T) / 2)
             everything = theta.flip(0)
             keep = min(size, count + KRYLOV_EXTRA)
-            s = vectors[:, -keep:].flip(1)
+            s = s[:, -keep:].flip(1)
             theta = theta[-keep:].flip(0)
             x = qs @ s
             rel = torch.linalg.vector_norm(zs @ s - x * theta, dim=0) / theta.abs().clamp_min(1e-300)
             worst = float(rel[:count].max())
             if worst <= KRYLOV_PRECHECK or last:
-                found = accept(qs @ vectors.flip(1), everything)  # Rayleigh–Ritz with B on (part of) the space
+                found = accept(qs if whole_space else x, everything)  # Rayleigh–Ritz with B on that space
                 if found is not None:
                     return found
                 tries += 1
@@ -418,11 +413,11 @@ def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> 
     The exact step takes the Krylov space's leading Ritz vectors only (``W = Bᵀ X`` for 32 vectors instead of the
     whole space): σ_max needs only its linear or gap bound, which the residual of a converged vector gives."""
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
-        ritz = _exact_ritz(b, x[:, :count + KRYLOV_EXTRA], None, math.sqrt(max(float(theta[0]), 0.0)), False, count,
-                           theta, keep=count + KRYLOV_EXTRA)
+        ritz = _exact_ritz(b, x, None, math.sqrt(max(float(theta[0]), 0.0)), False, count, theta,
+                           keep=count + KRYLOV_EXTRA)
         return ritz if ritz.certified(1) else None
 
-    return _krylov_largest(lambda v: gram @ v, gram.shape[0], TOP_BLOCK, 1, accept, gen)
+    return _krylov_largest(lambda v: gram @ v, gram.shape[0], TOP_BLOCK, 1, accept, gen, whole_space=False)
 
 
 def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int, sigma_max: float,
@@ -437,16 +432,8 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     def half(v: Tensor) -> Tensor:
         return torch.linalg.solve_triangular(factor, v, upper=False)
 
-    narrow_failed = []
-
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
         estimates, least = 1 / theta, count + KRYLOV_EXTRA
-        if x.shape[1] > BOTTOM_SUBSPACE * least and not narrow_failed:  # the leading part of the space first
-            ritz = _exact_ritz(b, x[:, :BOTTOM_SUBSPACE * least], rows, sigma_max, True, count, estimates, half,
-                               keep=least)
-            if ritz.certified(count, rtol):
-                return ritz
-            narrow_failed.append(True)  # e.g. a cluster: later looks take the whole space at once
         ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=least)
         if ritz.certified(count, rtol):
             return ritz

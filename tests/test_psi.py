@@ -222,37 +222,6 @@ def test_fast_route_full_rank_up_to_kappa_1e7(kappa, shape, fast_everywhere):
         assert fast.sigma_min_error is None and fast.singular_values is not None
 
 
-@pytest.mark.parametrize("spectrum, narrow", [("full", True), ("cluster", False)])
-def test_smallest_values_certified_on_part_of_the_krylov_space_else_on_all_of_it(monkeypatch, spectrum, narrow):
-    """The exact step for the smallest values takes the leading Ritz vectors first (BOTTOM_SUBSPACE windows): on a
-    graded spectrum that certifies; on a cluster below the Gram matrix's rounding it does not, and the whole Krylov
-    space (and the cluster window) does. Same certified answer either way."""
-    import lightning_nsv.psi as psi_module
-
-    n, m = 600, 720
-    s = np.logspace(0, -6, n) if spectrum == "full" else np.concatenate([np.logspace(0, -3, n - 60), np.full(60, 1e-8)])
-    widths, exact_ritz = [], psi_module._exact_ritz
-
-    def recording(b, x, rows, sigma_max, smallest, *args, **kwargs):
-        ritz = exact_ritz(b, x, rows, sigma_max, smallest, *args, **kwargs)
-        if smallest:
-            widths.append((x.shape[1], ritz.certified(1)))
-        return ritz
-
-    monkeypatch.setattr(psi_module, "_exact_ritz", recording)
-    monkeypatch.setattr(psi_module, "BOTTOM_SUBSPACE", 4)  # a part of the smaller Krylov space of this size
-    fast = psi_spectrum(matrix_with_singular_values(s, n, m, seed=5), num_extremes=8)
-    assert fast.method == "gram" and fast.rank == n
-    assert fast.sigma_min == pytest.approx(s[-1], rel=1e-6) and fast.sigma_min_error <= 1e-4 * fast.sigma_min
-    narrow_width = psi_module.BOTTOM_SUBSPACE * (8 + psi_module.KRYLOV_EXTRA)
-    assert widths[0][0] == narrow_width
-    if narrow:
-        assert widths == [(narrow_width, True)]
-    else:
-        assert not widths[0][1] and widths[-1][0] > narrow_width
-        assert sum(width == narrow_width for width, _ in widths) == 1  # not tried again once it failed
-
-
 def test_fast_route_clustered_spectrum(fast_everywhere):
     # 60 equal smallest values, 40 equal largest ones: no gap inside either cluster for Krylov to use
     s = np.concatenate([np.full(40, 2.0), np.logspace(0, -2, 200), np.full(60, 3e-5)])
