@@ -374,8 +374,8 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
     positive operator ``apply`` on R^dim. Every ``KRYLOV_CHECK`` blocks the Ritz pairs of the Krylov space are
     formed; once the ``count`` largest have relative residual below ``KRYLOV_PRECHECK`` the space (``whole_space``)
     or only those Ritz vectors and ``KRYLOV_EXTRA`` more, with the eigenvalue estimates, go to ``accept`` (the exact
-    certificate), whose answer, when not None, is returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS`` blocks are spent or ``KRYLOV_TRIES``
-    certificates failed."""
+    certificate), whose answer, when not None, is returned. None when the space is exhausted, ``KRYLOV_MAX_STEPS``
+    blocks are spent or ``KRYLOV_TRIES`` certificates failed."""
     block = min(block, dim)
     q = _orthonormal(torch.randn(dim, block, generator=gen, dtype=torch.float64))
     basis, images, tries = [q], [], 0
@@ -410,7 +410,7 @@ def _krylov_largest(apply: Callable[[Tensor], Tensor], dim: int, block: int, cou
 def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> _Ritz | None:
     """The ``count`` largest singular values of B: block Krylov on the Gram matrix, Rayleigh–Ritz with B itself;
     the largest (σ_max) is certified, the others are Ritz values of the same space (lower bounds, interlacing).
-    The exact step takes the Krylov space's leading Ritz vectors only (``W = Bᵀ X`` for 32 vectors instead of the
+    The exact step takes the Krylov space's leading Ritz vectors only (``W = Bᵀ X`` for 25 vectors instead of the
     whole space): σ_max needs only its linear or gap bound, which the residual of a converged vector gives."""
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
         ritz = _exact_ritz(b, x, None, math.sqrt(max(float(theta[0]), 0.0)), False, count, theta,
