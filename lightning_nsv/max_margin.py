@@ -313,20 +313,18 @@ class _ColumnStore:
     def _merge_narrow(self) -> None:
         """The live columns of the blocks narrower than :data:`NARROW_BLOCK` in one block (a product per block in
         :meth:`q_times`: single columns admitted one by one, e.g. on near-duplicate samples, would make it a loop)."""
+        live = self._live_columns()
         narrow = [b for b, block in enumerate(self._blocks) if block.shape[1] < NARROW_BLOCK]
-        live: dict[int, list[int]] = {b: [] for b in narrow}
-        for b, c in self._where:
-            if b in live:
-                live[b].append(c)
-        renumber, blocks, parts = {}, [], []
+        renumber, blocks, parts, width = {}, [], [], 0
         for b, block in enumerate(self._blocks):
-            if b not in live:
-                renumber.update({(b, c): (len(blocks), c) for c in range(block.shape[1])})
+            if block.shape[1] >= NARROW_BLOCK:
+                renumber.update({(b, c): (len(blocks), c) for c in live.get(b, [])})
                 blocks.append(block)
         merged = len(blocks)
         for b in narrow:
-            columns = sorted(live[b])
-            renumber.update({(b, c): (merged, sum(p.shape[1] for p in parts) + k) for k, c in enumerate(columns)})
+            columns = live.get(b, [])
+            renumber.update({(b, c): (merged, width + k) for k, c in enumerate(columns)})
+            width += len(columns)
             if columns:
                 parts.append(self._columns_of(self._blocks[b], columns))
         if parts:
@@ -364,16 +362,21 @@ class _ColumnStore:
         if stored > members + dead_allowed:
             self._compact()
 
-    def _compact(self) -> None:
-        """Drop dead columns, one block at a time (memory peaks at one block more)."""
+    def _live_columns(self) -> dict[int, list[int]]:
+        """The members' columns in each block that holds any, ascending."""
         live: dict[int, list[int]] = {}
         for b, c in self._where:
             live.setdefault(b, []).append(c)
+        return {b: sorted(columns) for b, columns in live.items()}
+
+    def _compact(self) -> None:
+        """Drop dead columns, one block at a time (memory peaks at one block more)."""
+        live = self._live_columns()
         renumber, blocks = {}, []
         for b, block in enumerate(self._blocks):
             if b not in live:
                 continue
-            columns = sorted(live[b])
+            columns = live[b]
             kept = block if len(columns) == block.shape[1] else self._columns_of(block, columns)
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
