@@ -291,7 +291,9 @@ def path_kernel(
         cols = slice(start if symmetric else 0, n_b)  # symmetric: the upper blocks, mirrored below
         kernel[rows, cols] = _kernel_block(x_a[rows], [s[rows] for s in slopes_a], x_b[cols],
                                            [s[cols] for s in slopes_b], bias)
-        if symmetric:
+        if symmetric:  # a product X Xᵀ need not be exactly symmetric (BLAS kernels): its upper triangle, mirrored
+            diagonal = kernel[rows, rows]
+            diagonal.copy_(diagonal.triu() + diagonal.triu(1).mT)
             kernel[start + block_size:, rows] = kernel[rows, start + block_size:].T
     return kernel
 

@@ -47,6 +47,9 @@ CLUSTER_GAP, CLUSTER_WINDOWS = 100.0, 8
 PIVOT_TOL = 1e-13
 #: Gaussian probes of the remainder's norm (the bound fails with probability 2^-NORM_PROBES).
 NORM_PROBES = 48
+#: A Gram matrix that is not numerically positive definite (its smallest eigenvalues at its own rounding, as for
+#: σ_min ≈ 1e-8·σ_max) is factored with ``GRAM_SHIFT·k·eps·σ_max²`` added to its diagonal.
+GRAM_SHIFT = 64.0
 
 
 def as_matrix64(a: Any, name: str) -> Tensor:
@@ -191,24 +194,29 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
     - ``spectrum="fast"``: no SVD of Ψ. The Gram matrix ``G = B Bᵀ`` (``p·k²`` flops, matrix-matrix), then:
 
       1. σ_max and the largest values: block Krylov on G, Rayleigh–Ritz with B itself, residual certificate.
-      2. If G has a Cholesky factor ``L Lᵀ`` (``k³/3``): block Krylov on ``(L Lᵀ)⁻¹`` (block triangular
-         solves) for the smallest singular subspace, then Rayleigh–Ritz with B itself: ``W = Bᵀ X``. The Ritz
+      2. If G has a Cholesky factor ``L Lᵀ`` (``k³/3``; else that of ``G + δI``, ``δ = GRAM_SHIFT·k·eps·σ_max²``,
+         when G's smallest eigenvalues lie at its own rounding, as for σ_min ≈ 1e-8·σ_max: whether G is then
+         numerically positive definite depends on the machine's BLAS): block Krylov on ``(L Lᵀ)⁻¹`` (block
+         triangular solves) for the smallest singular subspace, then Rayleigh–Ritz with B itself: ``W = Bᵀ X``. The
+         shift changes neither the subspace sought nor the Ritz values, which come from B. The Ritz
          values are upper bounds of the singular values they approximate (interlacing) and, computed from B,
          are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
          ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
          bound on each reported value is below ``CERT_RTOL`` relative and σ_min is ``RANK_MARGIN`` times above
          the tolerance: rank k. A floating-point Ritz vector u carries rounding of about eps along the large
          singular directions, which ``y = Bᵀu/μ`` amplifies: ‖r‖/μ is at least about ``eps·κ²``, too much for the
-         plain residual bounds; the bound that decides weighs the residual with ``(B Bᵀ)⁻¹`` (through L), where
+         plain residual bounds; the bound that decides weighs the residual with ``(B Bᵀ)⁻¹`` (through an unshifted
+         L), where
          that rounding hardly counts, and holds for the i-th smallest singular value itself. Its size is the
          squared residual over the squared relative gap to the next singular value, so on a dense spectrum it is
          far above the true error: measured at 10,000×12,000 with σ log-spaced 1 .. 1e-6 (gaps 0.28 %), the first
-         certificate is ~5e-5 while the error is ~1e-10, and 1e-6 would take 60 Krylov blocks (slower than the
-         SVD). Hence ``CERT_RTOL = 1e-4``; the certified bound is returned (``sigma_min_error``). With a gap the
+         certificate is 5e-5 on one machine and 1.6e-4 on another (then 1.0e-4 and 6.4e-5 six and twelve Krylov
+         blocks later) while the error is ~1e-10, and 1e-6 would take 60 Krylov blocks (slower than the SVD). Hence ``CERT_RTOL = 1e-4``; the certified bound is returned (``sigma_min_error``). With a gap the
          bounds are tight (≤ 1e-7 at κ = 10⁸ for a separated 1 % cluster). Beyond κ ≈ 10⁷ G's own rounding
          spoils the subspace and the exact route answers. The values are accurate to about ``eps·σ_max``
          absolute, as the SVD's.
-      3. Otherwise (G not positive definite, or no certificate): a pivoted Cholesky factorisation of G
+      3. Otherwise (no factor, no certificate, or a Ritz value of σ_min below ``RANK_MARGIN`` times the tolerance,
+         which stops the Krylov iteration at once): a pivoted Cholesky factorisation of G
          (``dpstrf``) splits the rows into ``head`` (pivots above ``PIVOT_TOL``) and ``tail``. The head's smallest
          singular value (step 2 on its rows) is a lower bound of ``σ_head(B)`` (interlacing: rank ≥ head); a
          randomised bound (Gaussian probes, computed with B, fails with probability ``2^-NORM_PROBES``) on the
@@ -421,11 +429,17 @@ def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> 
 
 
 def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int, sigma_max: float,
-                     gen: torch.Generator, rtol: float = CERT_RTOL) -> _Ritz | None:
+                     gen: torch.Generator, rtol: float = CERT_RTOL, shift: float = 0.0,
+                     deficient_below: float = 0.0) -> _Ritz | None:
     """The ``count`` smallest singular values of B (or of its ``rows``) with ``factor`` the Cholesky factor of their
-    Gram matrix: block Krylov on ``(L Lᵀ)⁻¹`` (block triangular solves) finds the subspace, Rayleigh–Ritz with the
-    exact rows of B gives the values and their certificate (:func:`_exact_ritz`), accepted at relative error
-    ``rtol``."""
+    Gram matrix (plus ``shift·I``): block Krylov on ``(L Lᵀ)⁻¹`` (block triangular solves) finds the subspace,
+    Rayleigh–Ritz with the exact rows of B gives the values and their certificate (:func:`_exact_ritz`), accepted
+    at relative error ``rtol``. A shift leaves the eigenvectors and the exact Ritz values as they are; the Krylov
+    estimates of σ² are the operator's less the shift, and the bound weighted through L (which needs ``L Lᵀ``
+    close to B Bᵀ) is not used. A cluster is looked for in the operator's own estimates, whose gaps above the
+    shift are those of the spectrum. The Ritz pairs are returned uncertified when σ_min's Ritz value (an upper
+    bound of σ_min, interlacing) lies below ``deficient_below``: B is then rank-deficient, a case for the caller's
+    rank-revealing route."""
     solve = _solve_lower(factor)
     size = factor.shape[0]
 
@@ -433,14 +447,15 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         return torch.linalg.solve_triangular(factor, v, upper=False)
 
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
-        estimates, least = 1 / theta, count + KRYLOV_EXTRA
-        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=least)
-        if ritz.certified(count, rtol):
+        estimates, least = 1 / theta - shift, count + KRYLOV_EXTRA
+        weighted = None if shift else half
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least)
+        if ritz.certified(count, rtol) or float(ritz.values[0]) + 8 * EPS64 * sigma_max < deficient_below:
             return ritz
-        wider = _cluster_window(estimates, count, least, sigma_max)
+        wider = _cluster_window(1 / theta, count, least, sigma_max)
         if wider is None:
             return None
-        cluster = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, half, keep=wider)
+        cluster = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=wider)
         past, last = cluster.values[wider - 1], cluster.values[wider - 2]
         if not cluster.errors[wider - 1] <= 0.5 * (past - last):  # a singular value lies past the gap's middle
             return None
@@ -511,16 +526,25 @@ def _gram(b: Tensor, blocks: int = 16) -> Tensor:
     return gram
 
 
-def _cholesky(gram: Tensor) -> Tensor | None:
-    """Lower Cholesky factor of the Gram matrix, None when it is not (numerically) positive definite. One torch
-    thread: LAPACK ``dpotrf`` of scipy (single-threaded, faster here than torch's); else torch's."""
-    if torch.get_num_threads() == 1:
-        import scipy.linalg as sl
+def _cholesky(gram: Tensor, shift: float = 0.0) -> Tensor | None:
+    """Lower Cholesky factor of the Gram matrix plus ``shift·I``, None when that is not (numerically) positive
+    definite; ``gram`` is left as it was. One torch thread: LAPACK ``dpotrf`` of scipy (single-threaded, faster
+    here than torch's); else torch's."""
+    diagonal = gram.diagonal()
+    saved = diagonal.clone() if shift else None
+    try:
+        if shift:
+            diagonal.add_(shift)
+        if torch.get_num_threads() == 1:
+            import scipy.linalg as sl
 
-        factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
-        return torch.from_numpy(factor) if info == 0 else None
-    factor, info = torch.linalg.cholesky_ex(gram)
-    return factor if int(info) == 0 else None
+            factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
+            return torch.from_numpy(factor) if info == 0 else None
+        factor, info = torch.linalg.cholesky_ex(gram)
+        return factor if int(info) == 0 else None
+    finally:
+        if saved is not None:
+            diagonal.copy_(saved)
 
 
 def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
@@ -537,9 +561,13 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         return _exact_spectrum(b, n, m, num_extremes)
     sigma_max = float(top.values[0])
     tol = sigma_max * max(n, m) * EPS64
-    factor = _cholesky(gram)
+    factor, shift = _cholesky(gram), 0.0
+    if factor is None:  # the smallest eigenvalues at G's own rounding, or below 0
+        shift = GRAM_SHIFT * k * EPS64 * sigma_max**2
+        factor = _cholesky(gram, shift)
     if factor is not None:  # rank N unless σ_min says otherwise
-        bottom = _bottom_singular(b, factor, None, count, sigma_max, gen)
+        bottom = _bottom_singular(b, factor, None, count, sigma_max, gen, shift=shift,
+                                  deficient_below=RANK_MARGIN * tol)
         if bottom is not None and float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
             return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram", None,
                                float(top.errors[0]), float(bottom.errors[0]))

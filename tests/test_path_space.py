@@ -68,6 +68,17 @@ def test_cross_kernel_blockwise_equals_materialised(bias):
         assert relative(path_kernel(x_b, s_b, bias=bias, block_size=block_size), own) < 1e-10
 
 
+@pytest.mark.parametrize("block_size", [None, 7, 64])
+def test_kernel_of_one_set_is_exactly_symmetric(block_size):
+    # a BLAS product X Xᵀ need not be exactly symmetric (observed with 784 features); the kernel must be
+    net = random_net((8, 5), in_features=784, bias=False)
+    x = torch.randn(64, 784, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    _, layer_slopes = forward_with_slopes(net, x)
+    kernel = path_kernel(x, layer_slopes, block_size=block_size)
+    assert torch.equal(kernel, kernel.T)
+    assert relative(kernel, materialise_phi(net, x) @ materialise_phi(net, x).T) < 1e-10
+
+
 @pytest.mark.parametrize("beta", BETAS)
 def test_forward_matches_torch_module(beta):
     torch.manual_seed(0)

@@ -8,6 +8,7 @@ import torch
 
 from lightning_nsv.psi import (
     EPS64,
+    GRAM_SHIFT,
     matrix_with_singular_values,
     psi_spectrum,
     psi_spectrum_streaming,
@@ -242,6 +243,58 @@ def test_fast_route_certifies_a_cluster_at_the_gram_matrix_rounding(cluster):
     assert fast.method == "gram" and fast.rank == n
     assert fast.sigma_min == pytest.approx(1e-8, rel=1e-6) and fast.sigma_min_error <= 1e-6 * fast.sigma_min
     torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 1e-8), rtol=1e-6, atol=0)
+
+
+@pytest.fixture
+def gram_not_positive_definite(monkeypatch):
+    """The unshifted Cholesky factorisation fails, as it does on some machines when σ_min² is at the Gram matrix's
+    rounding: the shifted one must answer."""
+    import lightning_nsv.psi as psi_module
+
+    calls, cholesky = [], psi_module._cholesky
+
+    def failing_unshifted(gram, shift=0.0):
+        calls.append(shift)
+        return None if shift == 0.0 else cholesky(gram, shift)
+
+    monkeypatch.setattr(psi_module, "_cholesky", failing_unshifted)
+    return calls
+
+
+def test_shifted_cholesky_leaves_the_gram_matrix_as_it_was():
+    from lightning_nsv.psi import _cholesky
+
+    b = matrix_with_singular_values(np.concatenate([np.ones(5), np.zeros(3)]), 8, 10, seed=1)
+    gram = b @ b.T
+    saved = gram.clone()
+    assert _cholesky(gram) is None  # rank 5 of 8: not positive definite
+    factor = _cholesky(gram, 1e-3)
+    assert torch.equal(gram, saved)
+    torch.testing.assert_close(factor @ factor.T, saved + 1e-3 * torch.eye(8, dtype=torch.float64), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("cluster", [60, 100])
+def test_shifted_factor_certifies_a_cluster_below_the_gram_matrix_rounding(cluster, gram_not_positive_definite):
+    n, m = 600, 720
+    s = np.concatenate([np.logspace(0, -3, n - cluster), np.full(cluster, 1e-8)])
+    psi = matrix_with_singular_values(s, n, m, seed=cluster)
+    fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
+    assert gram_not_positive_definite[:2] == [0.0, pytest.approx(GRAM_SHIFT * n * EPS64, rel=1e-6)]  # σ_max = 1
+    assert fast.method == "gram" and fast.rank == n
+    assert abs(fast.sigma_min - float(exact[-1])) <= fast.sigma_min_error <= 1e-6 * fast.sigma_min
+    torch.testing.assert_close(fast.bottom, torch.full_like(fast.bottom, 1e-8), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["full", "deficient", "near_deficient"])
+def test_shifted_factor_gives_the_svd_rank(kind, fast_everywhere, gram_not_positive_definite):
+    s = _known(kind, 150)
+    psi = matrix_with_singular_values(s, 150, 180, seed=4)
+    fast = psi_spectrum(psi)
+    assert fast.rank == int(torch.linalg.matrix_rank(psi)) == int((s > fast.tolerance).sum())
+    if s[-1] > 0:
+        assert fast.sigma_min == pytest.approx(float(torch.linalg.svdvals(psi)[-1]), rel=1e-6)
+    else:
+        assert fast.sigma_min < fast.tolerance
 
 
 def test_cluster_window_spans_a_cluster_only_past_a_wide_gap():
