@@ -65,12 +65,16 @@ def main() -> None:
     parser.add_argument("--skip-units", type=int, default=400, help="M of the skip-rand case (N rows)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a loaded machine)")
     parser.add_argument("--out", default="benchmarks/results/psi_rank.md")
+    names = [*known_spectra(2), "skip-rand"]
+    parser.add_argument("--cases", nargs="+", default=names, choices=names, metavar="CASE",
+                        help=f"cases to run (default: all of {', '.join(names)})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.linalg.svdvals(torch.randn(200, 200, dtype=torch.float64))  # warm up LAPACK
     rows = []
     cases = [(name, s, (args.n, args.m)) for name, s in known_spectra(min(args.n, args.m)).items()]
     cases.append(("skip-rand", None, (args.n, args.skip_units)))
+    cases = [case for case in cases if case[0] in args.cases]
     for name, s, (n, m) in cases:
         psi = skip_rand_psi(n, m) if s is None else matrix_with_singular_values(s, n, m, seed=0)
         exact, t_svd = timed(lambda: torch.linalg.svdvals(psi))
@@ -99,7 +103,8 @@ def main() -> None:
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{args.threads} torch thread(s), load average {os.getloadavg()[0]:.1f} at the end",
         f"- command: `flock /tmp/heavy.lock python benchmarks/psi_rank.py --n {args.n} --m {args.m} "
-        f"--skip-units {args.skip_units} --threads {args.threads}`",
+        f"--skip-units {args.skip_units} --threads {args.threads}"
+        + ("" if args.cases == names else " --cases " + " ".join(f"'{c}'" for c in args.cases)) + "`",
         "",
         "| case | shape | method | wall s | σ_min rel err | certified σ_min bound (rel) | σ_max rel err | rank equal |",
         "|---|---|---|---|---|---|---|---|",

@@ -27,8 +27,10 @@ SPECTRA = ("fast", "full")
 SMALL_SIDE = 512
 #: The fast route trusts a rank decision only with singular values at least this factor from the tolerance.
 RANK_MARGIN = 10.0
-#: Largest certified relative error of a singular value the fast route reports (else it works on or falls back).
+#: Largest certified relative error of σ_min and σ_max on the fast route (else it works on or falls back).
 CERT_RTOL = 1e-4
+#: Largest certified relative error of the other smallest values it reports (``bottom``, drawn in the figure).
+EXTREMES_RTOL = 1e-2
 #: Block sizes of the Krylov spaces for the smallest and the largest singular values.
 BOTTOM_BLOCK, TOP_BLOCK = 32, 16
 #: Krylov blocks at most, blocks between two looks at the Ritz pairs, Ritz vectors beyond the reported ones that go
@@ -202,8 +204,8 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
          values are upper bounds of the singular values they approximate (interlacing) and, computed from B,
          are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
          ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
-         bound on each reported value is below ``CERT_RTOL`` relative and σ_min is ``RANK_MARGIN`` times above
-         the tolerance: rank k. A floating-point Ritz vector u carries rounding of about eps along the large
+         bound on σ_min is below ``CERT_RTOL`` relative, those on the other reported values below ``EXTREMES_RTOL``
+         (they are drawn, not decided on), and σ_min is ``RANK_MARGIN`` times above the tolerance: rank k. A floating-point Ritz vector u carries rounding of about eps along the large
          singular directions, which ``y = Bᵀu/μ`` amplifies: ‖r‖/μ is at least about ``eps·κ²``, too much for the
          plain residual bounds; the bound that decides weighs the residual with ``(B Bᵀ)⁻¹`` (through an unshifted
          L), where
@@ -288,6 +290,10 @@ class _Ritz:
 
     def certified(self, count: int, rtol: float = CERT_RTOL) -> bool:
         return bool((self.errors[:count] <= rtol * self.values[:count]).all())
+
+    def extremes_certified(self, count: int, rtol: float) -> bool:
+        """The first value within ``rtol``, the first ``count`` within :data:`EXTREMES_RTOL` (or ``rtol``)."""
+        return self.certified(1, rtol) and self.certified(count, max(rtol, EXTREMES_RTOL))
 
 
 def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, smallest: bool, count: int,
@@ -434,9 +440,9 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     """The ``count`` smallest singular values of B (or of its ``rows``) with ``factor`` the Cholesky factor of their
     Gram matrix (plus ``shift·I``): block Krylov on ``(L Lᵀ)⁻¹`` (block triangular solves) finds the subspace,
     Rayleigh–Ritz with the exact rows of B gives the values and their certificate (:func:`_exact_ritz`), accepted
-    at relative error ``rtol``. A shift leaves the eigenvectors and the exact Ritz values as they are; the Krylov
-    estimates of σ² are the operator's less the shift, and the bound weighted through L (which needs ``L Lᵀ``
-    close to B Bᵀ) is not used. A cluster is looked for in the operator's own estimates, whose gaps above the
+    for σ_min at relative error ``rtol`` (the others at :data:`EXTREMES_RTOL`). A shift leaves the eigenvectors and
+    the exact Ritz values as they are; the Krylov estimates of σ² are the operator's less the shift, and the bound
+    weighted through L (which needs ``L Lᵀ`` close to B Bᵀ) is not used. A cluster is looked for in the operator's own estimates, whose gaps above the
     shift are those of the spectrum. The Ritz pairs are returned uncertified when σ_min's Ritz value (an upper
     bound of σ_min, interlacing) lies below ``deficient_below``: B is then rank-deficient, a case for the caller's
     rank-revealing route."""
@@ -450,7 +456,7 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         estimates, least = 1 / theta - shift, count + KRYLOV_EXTRA
         weighted = None if shift else half
         ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least)
-        if ritz.certified(count, rtol) or float(ritz.values[0]) + 8 * EPS64 * sigma_max < deficient_below:
+        if ritz.extremes_certified(count, rtol) or float(ritz.values[0]) + 8 * EPS64 * sigma_max < deficient_below:
             return ritz
         wider = _cluster_window(1 / theta, count, least, sigma_max)
         if wider is None:
@@ -461,7 +467,7 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
             return None
         errors = torch.minimum(cluster.errors[:least], ritz.errors)  # the Ritz values are the same: both bounds hold
         ritz = _Ritz(ritz.values, errors, ritz.vectors)
-        return ritz if ritz.certified(count, rtol) else None
+        return ritz if ritz.extremes_certified(count, rtol) else None
 
     return _krylov_largest(solve, size, BOTTOM_BLOCK, count, accept, gen)
 

@@ -261,6 +261,18 @@ def gram_not_positive_definite(monkeypatch):
     return calls
 
 
+def test_reported_smallest_values_certified_sigma_min_tighter_than_the_rest():
+    from lightning_nsv.psi import CERT_RTOL, EXTREMES_RTOL, _Ritz
+
+    values = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    ritz = lambda *errors: _Ritz(values, torch.tensor(errors, dtype=torch.float64), torch.empty(0))  # noqa: E731
+    assert ritz(0.5 * CERT_RTOL, 2 * 0.5 * EXTREMES_RTOL, 3 * 0.5 * EXTREMES_RTOL).extremes_certified(3, CERT_RTOL)
+    assert not ritz(2 * CERT_RTOL, 0.0, 0.0).extremes_certified(3, CERT_RTOL)  # σ_min decides
+    assert not ritz(0.0, 0.0, 3 * 2 * EXTREMES_RTOL).extremes_certified(3, CERT_RTOL)
+    assert ritz(0.0, 0.0, 3 * 2 * EXTREMES_RTOL).extremes_certified(2, CERT_RTOL)
+    assert ritz(0.4, 0.0, 0.0).extremes_certified(3, 0.5)  # a looser rtol applies to all
+
+
 def test_shifted_cholesky_leaves_the_gram_matrix_as_it_was():
     from lightning_nsv.psi import _cholesky
 
