@@ -205,16 +205,17 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
          are not limited by G's squared condition number. Certificate (:func:`_exact_ritz`): exact residuals
          ``r = B y − μ u`` give linear and quadratic (cluster/gap) residual bounds; the result is accepted when the
          bound on σ_min is below ``CERT_RTOL`` relative, those on the other reported values below ``EXTREMES_RTOL``
-         (they are drawn, not decided on), and σ_min is ``RANK_MARGIN`` times above the tolerance: rank k. A floating-point Ritz vector u carries rounding of about eps along the large
-         singular directions, which ``y = Bᵀu/μ`` amplifies: ‖r‖/μ is at least about ``eps·κ²``, too much for the
-         plain residual bounds; the bound that decides weighs the residual with ``(B Bᵀ)⁻¹`` (through an unshifted
-         L), where
-         that rounding hardly counts, and holds for the i-th smallest singular value itself. Its size is the
+         (they are drawn, not decided on), and σ_min is ``RANK_MARGIN`` times above the tolerance: rank k. A
+         floating-point Ritz vector u carries rounding of about eps along the large singular directions, which
+         ``y = Bᵀu/μ`` amplifies: ‖r‖/μ is at least about ``eps·κ²``, too much for the plain residual bounds; the
+         bound that decides weighs the residual with ``(B Bᵀ)⁻¹`` (through an unshifted L), where that rounding
+         hardly counts, and holds for the i-th smallest singular value itself. Its size is the
          squared residual over the squared relative gap to the next singular value, so on a dense spectrum it is
          far above the true error: measured at 10,000×12,000 with σ log-spaced 1 .. 1e-6 (gaps 0.28 %), the first
          certificate is 5e-5 on one machine and 1.6e-4 on another (then 1.0e-4 and 6.4e-5 six and twelve Krylov
-         blocks later) while the error is ~1e-10, and 1e-6 would take 60 Krylov blocks (slower than the SVD). Hence ``CERT_RTOL = 1e-4``; the certified bound is returned (``sigma_min_error``). With a gap the
-         bounds are tight (≤ 1e-7 at κ = 10⁸ for a separated 1 % cluster). Beyond κ ≈ 10⁷ G's own rounding
+         blocks later) while the error is ~1e-10, and 1e-6 would take 60 Krylov blocks (slower than the SVD).
+         Hence ``CERT_RTOL = 1e-4``; the certified bound is returned (``sigma_min_error``). With a gap the bounds
+         are tight (≤ 1e-7 at κ = 10⁸ for a separated 1 % cluster). Beyond κ ≈ 10⁷ G's own rounding
          spoils the subspace and the exact route answers. The values are accurate to about ``eps·σ_max``
          absolute, as the SVD's.
       3. Otherwise (no factor, no certificate, or a Ritz value of σ_min below ``RANK_MARGIN`` times the tolerance,
@@ -442,10 +443,10 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     Rayleigh–Ritz with the exact rows of B gives the values and their certificate (:func:`_exact_ritz`), accepted
     for σ_min at relative error ``rtol`` (the others at :data:`EXTREMES_RTOL`). A shift leaves the eigenvectors and
     the exact Ritz values as they are; the Krylov estimates of σ² are the operator's less the shift, and the bound
-    weighted through L (which needs ``L Lᵀ`` close to B Bᵀ) is not used. A cluster is looked for in the operator's own estimates, whose gaps above the
-    shift are those of the spectrum. The Ritz pairs are returned uncertified when σ_min's Ritz value (an upper
-    bound of σ_min, interlacing) lies below ``deficient_below``: B is then rank-deficient, a case for the caller's
-    rank-revealing route."""
+    weighted through L (which needs ``L Lᵀ`` close to B Bᵀ) is not used. A cluster is looked for in the operator's
+    own estimates, whose gaps above the shift are those of the spectrum. The Ritz pairs are returned uncertified
+    when σ_min's Ritz value (an upper bound of σ_min, interlacing) lies below ``deficient_below``: B is then
+    rank-deficient, a case for the caller's rank-revealing route."""
     solve = _solve_lower(factor)
     size = factor.shape[0]
 
