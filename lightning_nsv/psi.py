@@ -52,6 +52,8 @@ NORM_PROBES = 48
 #: A Gram matrix that is not numerically positive definite (its smallest eigenvalues at its own rounding, as for
 #: σ_min ≈ 1e-8·σ_max) is factored with ``GRAM_SHIFT·k·eps·σ_max²`` added to its diagonal.
 GRAM_SHIFT = 64.0
+#: The rounding of a Ritz value formed with B itself (``W = Bᵀ X``), in units of ``eps·σ_max``.
+RITZ_ROUNDING = 8
 
 
 def as_matrix64(a: Any, name: str) -> Tensor:
@@ -330,7 +332,7 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
     weighted norms stay small.
 
     The error of each value is the smallest of these bounds (the best window ``j`` that holds it), at least
-    ``8·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
+    ``RITZ_ROUNDING·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
     x = torch.linalg.qr(x).Q
     full = x if rows is None else torch.zeros(b.shape[0], x.shape[1], dtype=x.dtype).index_copy_(0, rows, x)
     left, mu, right_t = torch.linalg.svd(b.T @ full, full_matrices=False)  # W = Bᵀ X, μ descending
@@ -378,7 +380,7 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
             gap = min(gap, abs(float(lam[i]) - float(lam[i - 1])))
         if gap > 2 * float(mu[i] * resid[i]):
             errors[i] = min(float(errors[i]), float(mu[i] * resid[i] ** 2 / gap))
-    errors = errors.clamp_min(8 * EPS64 * sigma_max)
+    errors = errors.clamp_min(RITZ_ROUNDING * EPS64 * sigma_max)
     return _Ritz(mu, errors, u)
 
 
@@ -457,7 +459,8 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         estimates, least = 1 / theta - shift, count + KRYLOV_EXTRA
         weighted = None if shift else half
         ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least)
-        if ritz.extremes_certified(count, rtol) or float(ritz.values[0]) + 8 * EPS64 * sigma_max < deficient_below:
+        deficient = float(ritz.values[0]) + RITZ_ROUNDING * EPS64 * sigma_max < deficient_below
+        if ritz.extremes_certified(count, rtol) or deficient:
             return ritz
         wider = _cluster_window(1 / theta, count, least, sigma_max)
         if wider is None:
@@ -537,21 +540,25 @@ def _cholesky(gram: Tensor, shift: float = 0.0) -> Tensor | None:
     """Lower Cholesky factor of the Gram matrix plus ``shift·I``, None when that is not (numerically) positive
     definite; ``gram`` is left as it was. One torch thread: LAPACK ``dpotrf`` of scipy (single-threaded, faster
     here than torch's); else torch's."""
-    diagonal = gram.diagonal()
-    saved = diagonal.clone() if shift else None
+    if not shift:
+        return _lower_factor(gram)
+    diagonal = gram.diagonal()  # shifted in place (no second k×k matrix), restored exactly
+    saved = diagonal.clone()
+    diagonal.add_(shift)
     try:
-        if shift:
-            diagonal.add_(shift)
-        if torch.get_num_threads() == 1:
-            import scipy.linalg as sl
-
-            factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
-            return torch.from_numpy(factor) if info == 0 else None
-        factor, info = torch.linalg.cholesky_ex(gram)
-        return factor if int(info) == 0 else None
+        return _lower_factor(gram)
     finally:
-        if saved is not None:
-            diagonal.copy_(saved)
+        diagonal.copy_(saved)
+
+
+def _lower_factor(gram: Tensor) -> Tensor | None:
+    if torch.get_num_threads() == 1:
+        import scipy.linalg as sl
+
+        factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
+        return torch.from_numpy(factor) if info == 0 else None
+    factor, info = torch.linalg.cholesky_ex(gram)
+    return factor if int(info) == 0 else None
 
 
 def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
