@@ -304,6 +304,7 @@ def random_projection(a: Tensor, generator: torch.Generator) -> Tensor:
     return _InputChunks(a, torch.float64).concat(lambda chunk: chunk @ r)
 
 
+COMPACT_ROWS = 64  # rows moved at a time when the kept rows of the cache are compacted in place
 RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)
 
 
@@ -333,7 +334,8 @@ class InputGramCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(block.numel() * block.element_size() for block in self._blocks)
+        """Memory of the kept rows' blocks (a block compacted in place keeps its memory)."""
+        return sum(block.untyped_storage().nbytes() for block in self._blocks)
 
     @property
     def samples(self) -> Tensor:
@@ -432,19 +434,37 @@ class InputGramCache:
         samples = torch.unique(samples[self._slot[samples] >= 0])
         slots, order = torch.sort(self._slot[samples])  # kept in slot order: each block's rows are copied once
         samples = samples[order]
-        last, kept = self._blocks[-1], None
+        kept = None
         if self._is_last_block(slots):
-            kept = last
+            kept = self._blocks[-1]
         elif len(samples):
-            kept = last.new_empty(len(samples), last.shape[1])
-            bounds = torch.searchsorted(slots, torch.tensor(self._starts + [self._next_slot], device=slots.device))
-            for start, block, lo, hi in zip(self._starts, self._blocks, bounds[:-1].tolist(), bounds[1:].tolist()):
-                if hi > lo:
-                    torch.index_select(block, 0, slots[lo:hi] - start, out=kept[lo:hi])
+            kept = self._compacted(slots)
         self._slot.fill_(-1)
         self._slot[samples] = torch.arange(len(samples), device=self._slot.device)
         self._blocks, self._starts = ([kept], [0]) if kept is not None else ([], [])
         self._next_slot = len(samples)
+
+    def _compacted(self, slots: Tensor) -> Tensor:
+        """The rows of ``slots`` (ascending) as one block: in the first block's memory when they fill at least half
+        of it, as after a warm start (no new memory to fault in, no copy of the rows already in place), else new."""
+        first = self._blocks[0]
+        in_place = len(first) >= len(slots) >= len(first) / 2
+        kept = first[:len(slots)] if in_place else first.new_empty(len(slots), first.shape[1])
+        bounds = torch.searchsorted(slots, torch.tensor(self._starts + [self._next_slot], device=slots.device))
+        for start, block, lo, hi in zip(self._starts, self._blocks, bounds[:-1].tolist(), bounds[1:].tolist()):
+            if hi <= lo:
+                continue
+            rows = slots[lo:hi] - start
+            if not (in_place and block is first):
+                torch.index_select(block, 0, rows, out=kept[lo:hi])
+                continue
+            # first's own kept rows move up (row j from rows[j] >= j), a chunk read whole before it is written:
+            # the rows it overwrites were read with the chunks before it, the later chunks read rows past it
+            for a in range(0, hi, COMPACT_ROWS):
+                z = min(hi, a + COMPACT_ROWS)
+                if int(rows[z - 1]) != z - 1:  # distinct, ascending and >= j: in place exactly when the last one is
+                    first[a:z] = first.index_select(0, rows[a:z])
+        return kept
 
 
 class PathKernelColumns:

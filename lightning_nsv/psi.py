@@ -47,6 +47,9 @@ CLUSTER_GAP, CLUSTER_WINDOWS = 100.0, 8
 #: Rows whose pivots in a pivoted Cholesky factorisation of the Gram matrix fall below this fraction of its largest
 #: diagonal entry form the remainder of the rank-revealing route.
 PIVOT_TOL = 1e-13
+#: Times the rank-revealing route drops the last pivots from the head when the head's smallest Ritz values show
+#: rows of the Gram matrix's rounding there (their pivots passed PIVOT_TOL).
+HEAD_TRIMS = 2
 #: Gaussian probes of the remainder's norm (the bound fails with probability 2^-NORM_PROBES).
 NORM_PROBES = 48
 #: A Gram matrix that is not numerically positive definite (its smallest eigenvalues at its own rounding, as for
@@ -509,10 +512,11 @@ def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail
     solve = _solve_lower(factor)
     omega = torch.randn(p, NORM_PROBES, generator=gen, dtype=torch.float64)
     embed = torch.zeros(k, NORM_PROBES, dtype=torch.float64)
-    s, y = (b @ omega)[head], torch.zeros(len(head), NORM_PROBES, dtype=torch.float64)
-    for _ in range(3):  # corrected semi-normal equations: x = ω − B_headᵀ y nearly ⊥ the head rows
-        y = y + solve(s)
-        x = omega - b.T @ embed.index_copy_(0, head, y)
+    s, x = (b @ omega)[head], omega
+    for _ in range(3):  # corrected semi-normal equations, x nearly ⊥ the head rows: x ← x − B_headᵀ (G_head⁻¹ s)
+        # x is updated by each small correction, not formed again as ω − B_headᵀ y: y grows to ‖ω‖/σ_min(B_head),
+        # and the rounding of B_headᵀ y would keep s = B_head x at eps·κ·‖ω‖ (5.7e-11 against 1.3e-14 measured)
+        x = x - b.T @ embed.index_copy_(0, head, solve(s))
         bx = b @ x
         z, s = bx[tail], bx[head]
     cs = gram[tail][:, head] @ solve(s)
@@ -536,10 +540,10 @@ def _gram(b: Tensor, blocks: int = 16) -> Tensor:
     return gram
 
 
-def _cholesky(gram: Tensor, shift: float = 0.0) -> Tensor | None:
-    """Lower Cholesky factor of the Gram matrix plus ``shift·I``, None when that is not (numerically) positive
-    definite; ``gram`` is left as it was. One torch thread: LAPACK ``dpotrf`` of scipy (single-threaded, faster
-    here than torch's); else torch's."""
+def _cholesky(gram: Tensor, shift: float = 0.0) -> tuple[Tensor | None, int]:
+    """Lower Cholesky factor of the Gram matrix plus ``shift·I`` and 0, or None and the order of the first leading
+    block that is not (numerically) positive definite; ``gram`` is left as it was. One torch thread: LAPACK
+    ``dpotrf`` of scipy (single-threaded, faster here than torch's); else torch's."""
     if not shift:
         return _lower_factor(gram)
     diagonal = gram.diagonal()  # shifted in place (no second k×k matrix), restored exactly
@@ -551,14 +555,14 @@ def _cholesky(gram: Tensor, shift: float = 0.0) -> Tensor | None:
         diagonal.copy_(saved)
 
 
-def _lower_factor(gram: Tensor) -> Tensor | None:
+def _lower_factor(gram: Tensor) -> tuple[Tensor | None, int]:
     if torch.get_num_threads() == 1:
         import scipy.linalg as sl
 
         factor, info = sl.lapack.dpotrf(gram.numpy().T, lower=1, clean=1, overwrite_a=0)
-        return torch.from_numpy(factor) if info == 0 else None
+        return (torch.from_numpy(factor), 0) if info == 0 else (None, int(info))
     factor, info = torch.linalg.cholesky_ex(gram)
-    return factor if int(info) == 0 else None
+    return (factor, 0) if int(info) == 0 else (None, int(info))
 
 
 def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
@@ -575,10 +579,13 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         return _exact_spectrum(b, n, m, num_extremes)
     sigma_max = float(top.values[0])
     tol = sigma_max * max(n, m) * EPS64
-    factor, shift = _cholesky(gram), 0.0
-    if factor is None:  # the smallest eigenvalues at G's own rounding, or below 0
+    (factor, failed_at), shift = _cholesky(gram), 0.0
+    if factor is None and k - failed_at < CLUSTER_WINDOWS * (count + KRYLOV_EXTRA):
+        # the smallest eigenvalues at G's own rounding, or below 0. A failure with more rows after it than the
+        # shifted route's widest cluster window certifies means about as many zero singular values: that case
+        # goes straight to the rank-revealing route
         shift = GRAM_SHIFT * k * EPS64 * sigma_max**2
-        factor = _cholesky(gram, shift)
+        factor, _ = _cholesky(gram, shift)
     if factor is not None:  # rank N unless σ_min says otherwise
         bottom = _bottom_singular(b, factor, None, count, sigma_max, gen, shift=shift,
                                   deficient_below=RANK_MARGIN * tol)
@@ -591,11 +598,23 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
     if info < 0 or rank < 2:
         return _exact_spectrum(b, n, m, num_extremes)
     order = torch.from_numpy(piv.astype(np.int64) - 1)
-    head, tail = order[:rank], order[rank:]
-    head_factor = torch.from_numpy(pivoted)[:rank, :rank]
-    # only a lower bound of σ_min(B_head) matters here (rank >= head): a loose relative certificate will do
-    bottom = _bottom_singular(b, head_factor, head, 1, sigma_max, gen, rtol=0.5)
-    if bottom is None or float(bottom.values[0] - bottom.errors[0]) <= RANK_MARGIN * tol:
+    for _ in range(HEAD_TRIMS + 1):
+        head, tail = order[:rank], order[rank:]
+        # the leading block's factor is the head's Gram factor; contiguous, else every triangular solve copies it
+        head_factor = torch.from_numpy(pivoted)[:rank, :rank].contiguous()
+        # only a lower bound of σ_min(B_head) matters here (rank >= head): a loose relative certificate will do
+        bottom = _bottom_singular(b, head_factor, head, 1, sigma_max, gen, rtol=0.5, deficient_below=RANK_MARGIN * tol)
+        if bottom is None:
+            return _exact_spectrum(b, n, m, num_extremes)
+        if float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
+            break
+        # the last pivots took rows of G's rounding into the head: as many as its Ritz values below the margin
+        # (upper bounds of as many singular values of B_head) leave it
+        spurious = int((bottom.values + RITZ_ROUNDING * EPS64 * sigma_max < RANK_MARGIN * tol).sum())
+        if not 0 < spurious <= rank - 2:
+            return _exact_spectrum(b, n, m, num_extremes)
+        rank -= spurious
+    else:
         return _exact_spectrum(b, n, m, num_extremes)
     if len(tail) == 0:  # full rank after all: σ_min is reported, so it needs the full certificate
         if not bottom.certified(1):

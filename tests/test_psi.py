@@ -255,7 +255,7 @@ def gram_not_positive_definite(monkeypatch):
 
     def failing_unshifted(gram, shift=0.0):
         calls.append(shift)
-        return None if shift == 0.0 else cholesky(gram, shift)
+        return (None, gram.shape[0]) if shift == 0.0 else cholesky(gram, shift)  # fails at the last row
 
     monkeypatch.setattr(psi_module, "_cholesky", failing_unshifted)
     return calls
@@ -279,8 +279,10 @@ def test_shifted_cholesky_leaves_the_gram_matrix_as_it_was():
     b = matrix_with_singular_values(np.concatenate([np.ones(5), np.zeros(3)]), 8, 10, seed=1)
     gram = b @ b.T
     saved = gram.clone()
-    assert _cholesky(gram) is None  # rank 5 of 8: not positive definite
-    factor = _cholesky(gram, 1e-3)
+    factor, failed_at = _cholesky(gram)
+    assert factor is None and 5 < failed_at <= 8  # rank 5 of 8: not positive definite
+    factor, failed_at = _cholesky(gram, 1e-3)
+    assert failed_at == 0
     assert torch.equal(gram, saved)
     torch.testing.assert_close(factor @ factor.T, saved + 1e-3 * torch.eye(8, dtype=torch.float64), rtol=0, atol=1e-14)
 
@@ -342,3 +344,15 @@ def test_fast_route_deficient_bound_is_below_tolerance_and_above_the_truth(fast_
     fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
     assert fast.method == "gram" and fast.rank == 500 == int(torch.linalg.matrix_rank(psi))
     assert float(exact[500]) <= fast.sigma_min < fast.tolerance
+
+
+@pytest.mark.parametrize("smallest", [1e-5, 1e-6])
+def test_fast_route_certifies_a_deficient_rank_under_an_ill_conditioned_head(smallest, fast_everywhere):
+    # the head rows' σ_min is 7e-7 / 1e-7: projecting by x = ω − B_headᵀ y (y ~ ‖ω‖/σ_min) left B_head x at
+    # rounding 5e-12 / 4e-10 and the remainder bound 30× / 2,500× over the tolerance (1.6e-13): the SVD fallback
+    s = np.concatenate([np.logspace(0, np.log10(smallest), 420), np.zeros(180)])
+    psi = matrix_with_singular_values(s, 600, 720, seed=0)
+    fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
+    assert fast.method == "gram" and fast.rank == 420 == int(torch.linalg.matrix_rank(psi))
+    assert float(exact[420]) <= fast.sigma_min < fast.tolerance
+    assert fast.sigma_max == pytest.approx(float(exact[0]), rel=1e-9)

@@ -132,6 +132,35 @@ def test_a_warm_start_reads_the_previous_support_from_the_cache_in_place(monkeyp
     assert warm.iterations <= 2
 
 
+@pytest.mark.parametrize("compact_rows", [2, 64])
+def test_keep_compacts_the_rows_in_the_first_blocks_memory_when_they_fill_half_of_it(monkeypatch, compact_rows):
+    monkeypatch.setattr("lightning_nsv.path_space.COMPACT_ROWS", compact_rows)  # 2: chunks, some rows in place
+    x = torch.randn(60, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gram = x @ x.T
+    cache = InputGramCache()
+    cache.attach(x)
+    first = torch.tensor([3, 8, 14, 20, 27, 33, 41, 45, 50, 58])
+    cache.rows(x, first)
+    cache.keep(first)  # one block of 10 rows
+    memory = cache._blocks[0].data_ptr()
+    cache.rows(x, torch.tensor([1, 2, 44]))  # a second block
+    kept = torch.tensor([44, 3, 8, 20, 33, 41, 50, 58, 1])  # rows 0, 1 stay where they are, the rest move up
+    cache.keep(kept)
+    assert len(cache) == 9 and cache._blocks[0].data_ptr() == memory  # the first block's memory, 9 of its 10 rows
+    assert cache.nbytes == 10 * 60 * 8  # the memory it holds
+    samples = cache.samples
+    assert samples.tolist() == [3, 8, 20, 33, 41, 50, 58, 1, 44]  # the first block's rows first, then the others
+    np.testing.assert_allclose(cache.rows(x, samples).numpy(), gram[samples].numpy(), rtol=0, atol=1e-13)
+    hits = cache.hits
+    cache.rows(x, samples)
+    assert cache.hits == hits + 9
+    for few in (torch.tensor([3, 8]), torch.tensor([]).long()):  # under half of the block: new memory, or none
+        cache.keep(few)
+        assert len(cache) == len(few) and cache.nbytes == 8 * 60 * len(few)
+        if len(few):
+            np.testing.assert_allclose(cache.rows(x, few).numpy(), gram[few].numpy(), rtol=0, atol=1e-13)
+
+
 def test_in_slot_order_puts_kept_samples_first_in_row_order():
     x = torch.randn(10, 3, dtype=torch.float64)
     cache = InputGramCache()
