@@ -507,7 +507,10 @@ def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail
     ``‖Z‖ <= 2·sqrt(2/π)·max_i ‖Z ω_i‖`` with probability ``1 − 2^-s`` (Halko, Martinsson & Tropp 2011, Lemma 4.1).
     ``Z ω = B_tail x − C s`` with ``x = ω − B_headᵀ y`` (y from the head's Gram factor), ``s = B_head x`` and
     ``C = B_tail B_headᵀ (B_head B_headᵀ)⁻¹``; ``B_tail x`` and ``s`` come from B itself, ``C s`` (tiny) from the Gram
-    matrix, counted twice, plus ``eps·‖B_tail‖_F·‖x‖`` for the rounding of ``B_tail x``."""
+    matrix, with a term for the Gram matrix's accuracy on it, plus ``2·eps·‖B_tail‖_F·‖x‖`` for the rounding of
+    ``B_tail x``. The rounding of ``s`` reaches ``C s`` through C (‖C‖ in the hundreds for a poorly conditioned head):
+    that term is an estimate, twice ``‖C (s − s')‖`` for ``s'`` summed in another order; an a-priori bound on it
+    (``√M·eps·|B_head||x|``) would be thousands of times the rounding measured in extended precision."""
     k, p = b.shape
     solve = _solve_lower(factor)
     omega = torch.randn(p, NORM_PROBES, generator=gen, dtype=torch.float64)
@@ -519,11 +522,15 @@ def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail
         x = x - b.T @ embed.index_copy_(0, head, solve(s))
         bx = b @ x
         z, s = bx[tail], bx[head]
-    cs = gram[tail][:, head] @ solve(s)
+    half = p // 2
+    s_again = (b[:, :half] @ x[:half] + b[:, half:] @ x[half:])[head]  # s rounded in another summation order
+    gram_th = gram[tail][:, head]
+    cs, c_rounding = gram_th @ solve(s), gram_th @ solve(s - s_again)
     # relative accuracy of the Gram matrix's C on s (its rounding, squared condition of the head rows)
     rel_c = min(1.0, 8 * EPS64 * math.sqrt(k) * (sigma_max / sigma_head) ** 2)
     tail_fro = math.sqrt(float(gram.diagonal()[tail].sum()))
     zeta = (torch.linalg.vector_norm(z - cs, dim=0) + rel_c * torch.linalg.vector_norm(cs, dim=0)
+            + 2 * torch.linalg.vector_norm(c_rounding, dim=0)
             + 2 * EPS64 * tail_fro * torch.linalg.vector_norm(x, dim=0))
     return 2 * math.sqrt(2 / math.pi) * float(zeta.max())
 
