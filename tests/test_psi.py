@@ -348,8 +348,8 @@ def test_fast_route_deficient_bound_is_below_tolerance_and_above_the_truth(fast_
 
 @pytest.mark.parametrize("smallest", [1e-5, 1e-6])
 def test_fast_route_certifies_a_deficient_rank_under_an_ill_conditioned_head(smallest, fast_everywhere):
-    # the head rows' σ_min is 7e-7 / 1e-7: projecting by x = ω − B_headᵀ y (y ~ ‖ω‖/σ_min) left B_head x at
-    # rounding 5e-12 / 4e-10 and the remainder bound 30× / 2,500× over the tolerance (1.6e-13): the SVD fallback
+    # the head rows' σ_min is 7e-7 / 1e-7: projecting by x = ω − B_headᵀ y (y ~ ‖ω‖/σ_min) left B_head x far
+    # above its rounding and the remainder bound at 4.8e-12 / 3.9e-10, 30× / 2,500× the tolerance 1.6e-13 (the SVD)
     s = np.concatenate([np.logspace(0, np.log10(smallest), 420), np.zeros(180)])
     psi = matrix_with_singular_values(s, 600, 720, seed=0)
     fast, exact = psi_spectrum(psi), torch.linalg.svdvals(psi)
