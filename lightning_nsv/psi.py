@@ -301,6 +301,11 @@ class _Ritz:
         """The first value within ``rtol``, the first ``count`` within :data:`EXTREMES_RTOL` (or ``rtol``)."""
         return self.certified(1, rtol) and self.certified(count, max(rtol, EXTREMES_RTOL))
 
+    def below(self, threshold: float, sigma_max: float) -> int:
+        """How many Ritz values lie below ``threshold`` by more than their rounding: upper bounds (interlacing) of
+        as many smallest singular values, which then lie below it too."""
+        return int((self.values + RITZ_ROUNDING * EPS64 * sigma_max < threshold).sum())
+
 
 def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, smallest: bool, count: int,
                 estimates: Tensor, half_solve: Callable[[Tensor], Tensor] | None = None,
@@ -462,8 +467,7 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
         estimates, least = 1 / theta - shift, count + KRYLOV_EXTRA
         weighted = None if shift else half
         ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least)
-        deficient = float(ritz.values[0]) + RITZ_ROUNDING * EPS64 * sigma_max < deficient_below
-        if ritz.extremes_certified(count, rtol) or deficient:
+        if ritz.extremes_certified(count, rtol) or ritz.below(deficient_below, sigma_max):
             return ritz
         wider = _cluster_window(1 / theta, count, least, sigma_max)
         if wider is None:
@@ -586,6 +590,7 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         return _exact_spectrum(b, n, m, num_extremes)
     sigma_max = float(top.values[0])
     tol = sigma_max * max(n, m) * EPS64
+    margin = RANK_MARGIN * tol  # a rank decision needs the singular values this far from the tolerance
     (factor, failed_at), shift = _cholesky(gram), 0.0
     if factor is None and k - failed_at < CLUSTER_WINDOWS * (count + KRYLOV_EXTRA):
         # the smallest eigenvalues at G's own rounding, or below 0. A failure with more rows after it than the
@@ -595,8 +600,8 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         factor, _ = _cholesky(gram, shift)
     if factor is not None:  # rank N unless σ_min says otherwise
         bottom = _bottom_singular(b, factor, None, count, sigma_max, gen, shift=shift,
-                                  deficient_below=RANK_MARGIN * tol)
-        if bottom is not None and float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
+                                  deficient_below=margin)
+        if bottom is not None and float(bottom.values[0] - bottom.errors[0]) > margin:
             return PsiSpectrum(top.values[:count], bottom.values[:count].flip(0), k, tol, n, m, "gram", None,
                                float(top.errors[0]), float(bottom.errors[0]))
     del factor
@@ -610,14 +615,13 @@ def _fast_spectrum(b: Tensor, n: int, m: int, num_extremes: int) -> PsiSpectrum:
         # the leading block's factor is the head's Gram factor; contiguous, else every triangular solve copies it
         head_factor = torch.from_numpy(pivoted)[:rank, :rank].contiguous()
         # only a lower bound of σ_min(B_head) matters here (rank >= head): a loose relative certificate will do
-        bottom = _bottom_singular(b, head_factor, head, 1, sigma_max, gen, rtol=0.5, deficient_below=RANK_MARGIN * tol)
+        bottom = _bottom_singular(b, head_factor, head, 1, sigma_max, gen, rtol=0.5, deficient_below=margin)
         if bottom is None:
             return _exact_spectrum(b, n, m, num_extremes)
-        if float(bottom.values[0] - bottom.errors[0]) > RANK_MARGIN * tol:
+        if float(bottom.values[0] - bottom.errors[0]) > margin:
             break
-        # the last pivots took rows of G's rounding into the head: as many as its Ritz values below the margin
-        # (upper bounds of as many singular values of B_head) leave it
-        spurious = int((bottom.values + RITZ_ROUNDING * EPS64 * sigma_max < RANK_MARGIN * tol).sum())
+        # the last pivots took rows of G's rounding into the head: as many as its singular values below the margin
+        spurious = bottom.below(margin, sigma_max)
         if not 0 < spurious <= rank - 2:
             return _exact_spectrum(b, n, m, num_extremes)
         rank -= spurious
