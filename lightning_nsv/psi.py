@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -55,6 +55,9 @@ NORM_PROBES = 48
 #: A Gram matrix that is not numerically positive definite (its smallest eigenvalues at its own rounding, as for
 #: σ_min ≈ 1e-8·σ_max) is factored with ``GRAM_SHIFT·k·eps·σ_max²`` added to its diagonal.
 GRAM_SHIFT = 64.0
+#: The fast route works on Ψ scaled by a power of two (exact) when max |Ψ| lies outside ``2^±UNSCALED_EXPONENT``:
+#: its residual Gram matrices hold σ⁴, which overflow or underflow far from 1.
+UNSCALED_EXPONENT = 32
 #: The rounding of a Ritz value formed with B itself (``W = Bᵀ X``), in units of ``eps·σ_max``.
 RITZ_ROUNDING = 8
 
@@ -238,7 +241,8 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
 
       What is assumed, as by any Krylov eigensolver: the Krylov space started from a random block holds every
       singular value between the reported ones and the gap used (convergence is checked, not proven). Memory:
-      Ψ plus two or three k×k float64. ``sigma_min_error`` and ``sigma_max_error`` hold the certified bounds.
+      Ψ plus two or three k×k float64, and a copy of Ψ scaled by a power of two when max |Ψ| lies outside
+      ``2^±UNSCALED_EXPONENT``. ``sigma_min_error`` and ``sigma_max_error`` hold the certified bounds.
 
     Args:
         psi: N×M matrix (tensor or array) of skip-unit outputs on the training set.
@@ -248,6 +252,7 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
 
     Raises:
         ValueError: If ``psi`` is not a non-empty 2-D matrix, or on an unknown ``spectrum``.
+        NonFiniteError: If ``psi`` has non-finite values (a ValueError).
 
     Example::
 
@@ -260,10 +265,42 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
         raise ValueError(f"`num_extremes` must be >= 1, got {num_extremes}")
     psi = as_matrix64(psi, "psi")
     n, m = psi.shape
+    largest = check_finite(psi, "psi")
     with blas_threads(torch_threads):
         if spectrum == "full" or min(n, m) <= SMALL_SIDE:
             return _from_singular_values(torch.linalg.svdvals(psi), n, m, "svd", num_extremes)
-        return _fast_spectrum(psi if n <= m else psi.T, n, m, num_extremes)
+        b = psi if n <= m else psi.T
+        exponent = math.frexp(largest)[1]
+        if abs(exponent) <= UNSCALED_EXPONENT:
+            return _fast_spectrum(b, n, m, num_extremes)
+        return _scaled(_fast_spectrum(b * 2.0**-exponent, n, m, num_extremes), 2.0**exponent)
+
+
+class NonFiniteError(ValueError):
+    """Ψ (or what is computed from it) holds NaN or infinity: a diverged network or non-finite inputs."""
+
+
+def check_finite(a: Tensor, name: str) -> float:
+    """``max |a|``, or a :class:`NonFiniteError` naming the first row with a NaN or an infinity (one pass, no
+    temporary)."""
+    low, high = torch.aminmax(a)  # NaN propagates
+    largest = max(-float(low), float(high))
+    if not math.isfinite(largest):
+        rows = (~torch.isfinite(a)).any(1).nonzero().flatten()
+        raise NonFiniteError(f"`{name}` has non-finite values (NaN or inf) in {len(rows)} of its {a.shape[0]} rows, "
+                         f"the first row {int(rows[0])}: a diverged network or non-finite inputs; no spectrum "
+                         "of a non-finite matrix")
+    return largest
+
+
+def _scaled(spectrum: PsiSpectrum, factor: float) -> PsiSpectrum:
+    """The spectrum of ``factor·Ψ`` from that of Ψ (``factor`` a power of two: exact)."""
+    def times(value: Any) -> Any:
+        return None if value is None else value * factor
+
+    return replace(spectrum, top=spectrum.top * factor, bottom=spectrum.bottom * factor,
+                   tolerance=spectrum.tolerance * factor, singular_values=times(spectrum.singular_values),
+                   sigma_max_error=times(spectrum.sigma_max_error), sigma_min_error=times(spectrum.sigma_min_error))
 
 
 def _solve_lower(factor: Tensor) -> Callable[[Tensor], Tensor]:
@@ -307,9 +344,44 @@ class _Ritz:
         return int((self.values + RITZ_ROUNDING * EPS64 * sigma_max < threshold).sum())
 
 
+class _TransposedProducts:
+    """``Bᵀ x`` (B's ``rows`` only, if given) for a Krylov basis that only ever gains columns: the columns seen
+    before are not multiplied again (each exact step of a growing space would otherwise repeat them all)."""
+
+    def __init__(self, b: Tensor, rows: Tensor | None) -> None:
+        self.b, self.rows = b, rows
+        self.basis: Tensor | None = None
+        self.products: Tensor | None = None
+        self.ritz: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+    def _of(self, x: Tensor) -> Tensor:
+        full = x if self.rows is None else torch.zeros(self.b.shape[0], x.shape[1], dtype=x.dtype).index_copy_(
+            0, self.rows, x)
+        return self.b.T @ full
+
+    def __call__(self, x: Tensor) -> Tensor:
+        done = 0 if self.basis is None else self.basis.shape[1]
+        if done and (done > x.shape[1] or not torch.equal(x[:, :done], self.basis)):
+            done = 0  # not the same basis grown: start again
+        new = self._of(x[:, done:])
+        self.products = new if not done else torch.cat([self.products, new], 1)
+        self.basis, self.ritz = x, None
+        return self.products
+
+    def rayleigh_ritz(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``X`` (orthonormal, ``span(x)``) and the SVD ``Y, μ, Zᵀ`` of ``W = Bᵀ X = (Bᵀ x) R⁻¹``; the last answer
+        again for the same ``x`` (a wider window of the same space)."""
+        if self.basis is not x or self.ritz is None:
+            images = self(x)
+            q, r = torch.linalg.qr(x)
+            w = torch.linalg.solve_triangular(r, images, upper=True, left=False)
+            self.ritz = (q, *torch.linalg.svd(w, full_matrices=False))  # μ descending
+        return self.ritz
+
+
 def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, smallest: bool, count: int,
                 estimates: Tensor, half_solve: Callable[[Tensor], Tensor] | None = None,
-                keep: int | None = None) -> _Ritz:
+                keep: int | None = None, products: _TransposedProducts | None = None) -> _Ritz:
     """Rayleigh–Ritz with the exact B (or its ``rows``) on ``span(x)``, certified by exact residuals.
 
     ``W = Bᵀ X`` (X orthonormal) has the Ritz values μ as singular values, ``W = Y diag(μ) Zᵀ``; with ``u = X z``,
@@ -337,13 +409,12 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
 
     ``x`` may span the whole Krylov space while residuals are formed for the ``keep`` extreme Ritz pairs only: the
     residuals are then orthogonal to the whole space, which holds the neighbours beyond the window, so their
-    weighted norms stay small.
+    weighted norms stay small.  ``products`` keeps ``Bᵀ x`` of the columns of an earlier call
+    whose ``x`` this one extends, and the decomposition of W for the same ``x``.
 
     The error of each value is the smallest of these bounds (the best window ``j`` that holds it), at least
     ``RITZ_ROUNDING·eps·σ_max`` (the rounding of ``Bᵀ X``)."""
-    x = torch.linalg.qr(x).Q
-    full = x if rows is None else torch.zeros(b.shape[0], x.shape[1], dtype=x.dtype).index_copy_(0, rows, x)
-    left, mu, right_t = torch.linalg.svd(b.T @ full, full_matrices=False)  # W = Bᵀ X, μ descending
+    x, left, mu, right_t = (products or _TransposedProducts(b, rows)).rayleigh_ritz(x)  # W = Bᵀ X = Y diag(μ) Zᵀ
     keep = len(mu) if keep is None else min(keep, len(mu))
     pick = slice(len(mu) - keep, None) if smallest else slice(0, keep)  # residuals of the extreme ones only
     left, mu, right_t = left[:, pick], mu[pick], right_t[pick]
@@ -459,6 +530,7 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     rank-deficient, a case for the caller's rank-revealing route."""
     solve = _solve_lower(factor)
     size = factor.shape[0]
+    products = _TransposedProducts(b, rows)  # the whole Krylov space goes to each exact step
 
     def half(v: Tensor) -> Tensor:
         return torch.linalg.solve_triangular(factor, v, upper=False)
@@ -466,13 +538,15 @@ def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int,
     def accept(x: Tensor, theta: Tensor) -> _Ritz | None:
         estimates, least = 1 / theta - shift, count + KRYLOV_EXTRA
         weighted = None if shift else half
-        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least)
+        ritz = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=least,
+                           products=products)
         if ritz.extremes_certified(count, rtol) or ritz.below(deficient_below, sigma_max):
             return ritz
         wider = _cluster_window(1 / theta, count, least, sigma_max)
         if wider is None:
             return None
-        cluster = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=wider)
+        cluster = _exact_ritz(b, x, rows, sigma_max, True, count, estimates, weighted, keep=wider,
+                              products=products)
         past, last = cluster.values[wider - 1], cluster.values[wider - 2]
         if not cluster.errors[wider - 1] <= 0.5 * (past - last):  # a singular value lies past the gap's middle
             return None
@@ -702,6 +776,7 @@ def psi_spectrum_streaming(
     Raises:
         ValueError: If even twice the ``min(N, M)²`` R factor exceeds ``max_memory_bytes``, or the blocks do
             not add up to N×M.
+        NonFiniteError: If Ψ has non-finite values.
     """
     n, m = num_samples, num_units
     if 8 * n * m <= max_memory_bytes:
@@ -718,6 +793,9 @@ def psi_spectrum_streaming(
         r = r_factor((torch.cat(list(blocks(slice(c, min(c + rows, m))))).T for c in range(0, m, rows)), rows)
     if r.shape[1] != k:
         raise ValueError(f"the streamed rows have {r.shape[1]} columns, expected min(N, M) = {k} for Ψ of {n}x{m}")
+    if not bool(torch.isfinite(r).all()):
+        raise NonFiniteError(f"Ψ ({n}x{m}, streamed) has non-finite values (NaN or inf): a diverged network or "
+                         "non-finite inputs; no spectrum of a non-finite matrix")
     with blas_threads(torch_threads):
         return _from_singular_values(torch.linalg.svdvals(r), n, m, "qr", num_extremes)
 

@@ -9,6 +9,8 @@ import torch
 from lightning_nsv.psi import (
     EPS64,
     GRAM_SHIFT,
+    NonFiniteError,
+    _TransposedProducts,
     matrix_with_singular_values,
     psi_spectrum,
     psi_spectrum_streaming,
@@ -124,6 +126,20 @@ def test_streaming_errors():
         psi_spectrum_streaming(lambda cols: [psi[:, cols]], 40, 10, 2000)  # claims N = 40, M = 10
 
 
+
+
+@pytest.mark.parametrize("spectrum", ["fast", "full"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_psi_is_an_error_naming_its_first_row(spectrum, value, monkeypatch):
+    monkeypatch.setattr("lightning_nsv.psi.SMALL_SIDE", 0)
+    psi = _low_rank(20, 30, 20)
+    psi[7, 3] = psi[12, 0] = value
+    with pytest.raises(NonFiniteError, match=r"`psi` has non-finite values \(NaN or inf\) in 2 of its 20 rows, "
+                                             r"the first row 7: a diverged network"):
+        psi_spectrum(psi, spectrum)
+    for limit in (8 * 20 * 30, 2 * 8 * 20 * 20):  # assembled, and streamed through its R factor
+        with pytest.raises(NonFiniteError, match="non-finite values"):
+            psi_spectrum_streaming(lambda cols: (psi[i:i + 7, cols] for i in range(0, 20, 7)), 20, 30, limit, spectrum)
 
 
 # ------------------------------------------------------------------------------------------------ fast route
@@ -356,3 +372,48 @@ def test_fast_route_certifies_a_deficient_rank_under_an_ill_conditioned_head(sma
     assert fast.method == "gram" and fast.rank == 420 == int(torch.linalg.matrix_rank(psi))
     assert float(exact[420]) <= fast.sigma_min < fast.tolerance
     assert fast.sigma_max == pytest.approx(float(exact[0]), rel=1e-9)
+
+
+@pytest.mark.parametrize("exponent", [-900, -300, -120, -33, 33, 120, 300, 900])
+@pytest.mark.parametrize("kind", ["full", "deficient"])
+def test_fast_route_of_a_matrix_scaled_far_from_one_is_the_scaled_spectrum(exponent, kind, fast_everywhere):
+    # its residual Gram matrices hold σ⁴: unscaled, they overflowed or underflowed (a LinAlgError from eigh, or
+    # σ_max off by 2e-4 at 1e-142); Ψ is scaled by a power of two, exactly: the answer is the scaled one bit for bit
+    n, m = 90, 110
+    psi = matrix_with_singular_values(_known(kind, n), n, m, seed=5)
+    one, far = psi_spectrum(psi), psi_spectrum(psi * 2.0**exponent)
+    factor = 2.0**exponent
+    assert far.method == one.method == "gram" and far.rank == one.rank
+    torch.testing.assert_close(far.top, one.top * factor, rtol=0, atol=0)
+    torch.testing.assert_close(far.bottom, one.bottom * factor, rtol=0, atol=0)
+    assert far.tolerance == one.tolerance * factor
+    assert far.sigma_max_error == one.sigma_max_error * factor
+    assert (far.sigma_min_error is None) == (one.sigma_min_error is None)
+    if one.sigma_min_error is not None:
+        assert far.sigma_min_error == one.sigma_min_error * factor
+    exact = torch.linalg.svdvals(psi * factor)
+    assert far.sigma_max == pytest.approx(float(exact[0]), rel=1e-9)
+
+
+def test_transposed_products_multiply_only_the_new_columns_of_a_growing_basis():
+    g = torch.Generator().manual_seed(0)
+    b = torch.randn(30, 40, generator=g, dtype=torch.float64)
+    x = torch.randn(30, 12, generator=g, dtype=torch.float64)
+    rows = torch.tensor([0, 1, 2, 4, 5, 7, 9, 11, 13, 17, 20, 22, 25, 29])
+    for chosen, basis in ((None, x), (rows, x[:14])):
+        reference = (b if chosen is None else b[chosen]).T
+        products, widths = _TransposedProducts(b, chosen), []
+        products._of = lambda v, of=products._of: widths.append(v.shape[1]) or of(v)
+        for cols in (4, 8, 8, 12):
+            torch.testing.assert_close(products(basis[:, :cols]), reference @ basis[:, :cols], rtol=1e-14, atol=1e-14)
+        assert widths == [4, 4, 0, 4]
+        other = basis[:, :8].clone()
+        other[0, 0] += 1.0  # not the basis seen before: all of it again
+        torch.testing.assert_close(products(other), reference @ other, rtol=1e-14, atol=1e-14)
+        assert widths[-1] == 8
+        first, calls = products.rayleigh_ritz(other), len(widths)  # X, and the SVD of W = Bᵀ X
+        assert widths[-1] == 0  # the columns of `other` were multiplied before
+        assert products.rayleigh_ritz(other) is first and len(widths) == calls  # the same space again: nothing new
+        q, left, mu, right_t = first
+        torch.testing.assert_close(q.T @ q, torch.eye(8, dtype=torch.float64), rtol=0, atol=1e-14)
+        torch.testing.assert_close(left * mu @ right_t, reference @ q, rtol=1e-13, atol=1e-13)

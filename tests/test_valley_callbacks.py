@@ -1,5 +1,6 @@
 """PsiRankMonitor and LossValleyMonitor in a Trainer: logged keys and values, figures, skipping, state, errors."""
 import dataclasses
+import pathlib
 import re
 
 import pytest
@@ -181,7 +182,7 @@ def test_schedule_fast_dev_run_and_state():
     assert restored.last_epoch == 1 and restored.last_metrics == psi.last_metrics
     restored.load_state_dict({})  # missing keys keep the current values
     assert restored.last_epoch == 1
-    assert set(valley.state_dict()) == {"last_epoch", "last_metrics", "warned_escape"}
+    assert set(valley.state_dict()) == {"last_epoch", "last_metrics", "failed_epoch", "warned_escape"}
     quick_psi, quick_valley = PsiRankMonitor(), LossValleyMonitor()
     trainer, _, _ = _fit(_model(), [quick_psi, quick_valley], fast_dev_run=True)
     assert quick_psi.last_epoch is None and quick_valley.last_epoch is None
@@ -295,3 +296,73 @@ def test_resume_from_checkpoint_matches_an_uninterrupted_run(tmp_path):
     keys = [k for k in straight.callback_metrics if k.startswith(("psi/", "valley/", "train_"))]
     assert {k: float(resumed.callback_metrics[k]) for k in keys} == pytest.approx(
         {k: float(straight.callback_metrics[k]) for k in keys}, rel=1e-6)
+
+
+class _Diverge(pl.Callback):
+    """Puts NaN into every weight at the end of the given epochs (before the monitors, which come after it)."""
+
+    def __init__(self, epochs, only=None):
+        self.epochs, self.only = set(epochs), only
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch in self.epochs:
+            with torch.no_grad():
+                for name, p in pl_module.named_parameters():
+                    if self.only is None or name.startswith(self.only):
+                        p.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("monitor_type", [PsiRankMonitor, LossValleyMonitor])
+def test_a_diverged_network_is_warned_of_once_and_training_goes_on(monitor_type, monkeypatch):
+    lines = []
+    monkeypatch.setattr("lightning_nsv.callbacks.psi_rank.rank_zero_info", lines.append)
+    monitor = monitor_type(log_figure=False)
+    with pytest.warns(UserWarning) as record:
+        trainer, *_ = _fit(_model(), [_Diverge({1}), monitor], max_epochs=4)
+    texts = [str(w.message) for w in record if "no analysis" in str(w.message)]
+    assert len(texts) == 1 and f"{monitor_type.__name__}: no analysis at epoch 1 (nor at the next ones" in texts[0]
+    assert "`psi` has non-finite values (NaN or inf) in 20 of its 20 rows" in texts[0]
+    assert trainer.current_epoch == 4 and monitor.last_epoch == 0 and monitor.failed_epoch == 3
+    assert monitor.state_dict()["failed_epoch"] == 3
+    assert lines[-1].splitlines()[-1] == (f"{monitor_type.__name__}: the last analysis, at epoch 3, had no result: Ψ "
+                                          "was not finite (a diverged network?); the result above is epoch 0's")
+
+
+def test_loss_valley_monitor_names_diverged_output_weights():
+    monitor = LossValleyMonitor(log_figure=False)
+    model = _model()  # its output layer V is `head`
+    with pytest.warns(UserWarning, match=r"the outputs Ψ V \+ b are not finite while Ψ is: the output weights have "
+                                         r"diverged"):
+        _fit(model, [_Diverge({0}, only="head"), monitor], max_epochs=1)
+    assert monitor.last_epoch is None and monitor.failed_epoch == 0
+
+
+class _Strategy:
+    def __init__(self, answer):
+        self.answer, self.sent = answer, []
+
+    def broadcast(self, value, src=0):
+        self.sent.append(value)
+        return value if self.answer is None else self.answer
+
+
+class _Trainer:
+    def __init__(self, zero, answer=None):
+        self.is_global_zero, self.world_size, self.current_epoch = zero, 2, 0
+        self.strategy, self.loggers, self.log_dir = _Strategy(answer), [], None
+
+
+def test_an_error_on_rank_0_reaches_every_rank_instead_of_hanging_them(monkeypatch):
+    import lightning_nsv.callbacks.psi_rank as module
+
+    monkeypatch.setattr(module, "log_directory", lambda trainer: pathlib.Path("."))
+    monitor = PsiRankMonitor(log_figure=False)
+    monkeypatch.setattr(monitor, "_compute", lambda trainer, pl_module: (_ for _ in ()).throw(MemoryError("no room")))
+    root = _Trainer(zero=True)
+    with pytest.raises(MemoryError, match="no room"):
+        monitor._run(root, None)
+    assert root.strategy.sent == [(None, "MemoryError: no room", True)]  # told the others before raising
+    other = _Trainer(zero=False, answer=root.strategy.sent[0])
+    with pytest.raises(RuntimeError, match="PsiRankMonitor failed on rank 0: MemoryError: no room"):
+        monitor._run(other, None)
+    assert other.strategy.sent == [(None, None, False)]

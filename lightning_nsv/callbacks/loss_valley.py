@@ -12,6 +12,7 @@ from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_load
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
+from lightning_nsv.psi import NonFiniteError, check_finite
 from lightning_nsv.valley import (
     LOG2,
     Assumption31Checks,
@@ -200,8 +201,11 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
         loader = _training_loader(self, trainer, self.batch_size)
         psi, y = pl_module.psi(loader), self._targets.to(pl_module.device)
+        check_finite(psi, "psi")
         V, b = (t.detach().to(torch.float64) if t is not None else None for t in pl_module.output_weights())
         logits = psi @ V + (0 if b is None else b)
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteError("the outputs Ψ V + b are not finite while Ψ is: the output weights have diverged")
         path = escape_path(psi, V, y, self.eps or math.log(2) / len(y), self.path_points, bias=b)
         if not path.applies and not self._warned_escape:
             self._warned_escape = True

@@ -7,9 +7,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
-from lightning_nsv.compat import Callback, pl, rank_zero_info
+from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import SMALL_SIDE, SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
+from lightning_nsv.psi import (SMALL_SIDE, SPECTRA, NonFiniteError, check_streaming_memory, psi_spectrum_streaming,
+                               spectrum_summary)
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
@@ -54,6 +55,7 @@ class _SkipNetworkMonitor(Callback):
         self.log_figure, self.prefix = log_figure, prefix
         self.last_epoch: int | None = None
         self.last_metrics: dict[str, float] = {}
+        self.failed_epoch: int | None = None  # the last epoch whose Ψ was not finite
 
     @property
     def state_key(self) -> str:
@@ -68,8 +70,13 @@ class _SkipNetworkMonitor(Callback):
         self._run(trainer, pl_module)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.last_metrics:
-            rank_zero_info("\n".join(f"{type(self).__name__}: {line}" for line in self._summary()))
+        lines = self._summary() if self.last_metrics else []
+        if self.failed_epoch is not None and (self.last_epoch is None or self.failed_epoch > self.last_epoch):
+            above = f"; the result above is epoch {self.last_epoch}'s" if self.last_metrics else ""
+            lines.append(f"the last analysis, at epoch {self.failed_epoch}, had no result: Ψ was not finite "
+                         f"(a diverged network?){above}")
+        if lines:
+            rank_zero_info("\n".join(f"{type(self).__name__}: {line}" for line in lines))
 
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
         raise NotImplementedError
@@ -86,9 +93,29 @@ class _SkipNetworkMonitor(Callback):
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
         directory = log_directory(trainer) / "figures"  # a collective: every rank asks
-        results = self._compute(trainer, pl_module) if trainer.is_global_zero else None
+        results, failure, error = None, None, None
+        if trainer.is_global_zero:
+            try:
+                results = self._compute(trainer, pl_module)
+            except NonFiniteError as caught:
+                failure = str(caught)
+            except Exception as caught:  # the other ranks wait at the broadcast: they raise too, not hang
+                if trainer.world_size == 1:
+                    raise
+                error = caught
+                failure = f"{type(caught).__name__}: {caught}"
         metrics = None if results is None else {k: v for r in results.values() for k, v in r.to_metrics().items()}
-        metrics = trainer.strategy.broadcast(metrics, src=0)
+        metrics, failure, fatal = trainer.strategy.broadcast((metrics, failure, error is not None), src=0)
+        if fatal:
+            if error is not None:
+                raise error
+            raise RuntimeError(f"{type(self).__name__} failed on rank 0: {failure}")
+        if failure is not None:  # a diverged network: no analysis now, training goes on; warned once per such run
+            if self.failed_epoch is None or (self.last_epoch is not None and self.last_epoch > self.failed_epoch):
+                rank_zero_warn(f"{type(self).__name__}: no analysis at epoch {trainer.current_epoch} (nor at the next "
+                               f"ones while this lasts): {failure}")
+            self.failed_epoch = trainer.current_epoch
+            return
         for key, value in metrics.items():
             pl_module.log(self.prefix + key, value, on_step=False, on_epoch=True)
         if results is not None and self.log_figure:
@@ -99,11 +126,13 @@ class _SkipNetworkMonitor(Callback):
         self.last_epoch, self.last_metrics = trainer.current_epoch, dict(metrics)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_epoch": self.last_epoch, "last_metrics": dict(self.last_metrics)}
+        return {"last_epoch": self.last_epoch, "last_metrics": dict(self.last_metrics),
+                "failed_epoch": self.failed_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_epoch = state_dict.get("last_epoch", self.last_epoch)
         self.last_metrics = dict(state_dict.get("last_metrics", self.last_metrics))
+        self.failed_epoch = state_dict.get("failed_epoch", self.failed_epoch)
 
 
 FAST_RETRY_AFTER = 10  # analyses that take the SVD directly after the fast route fell back to it
