@@ -287,9 +287,9 @@ def check_finite(a: Tensor, name: str) -> float:
     largest = max(-float(low), float(high))
     if not math.isfinite(largest):
         rows = (~torch.isfinite(a)).any(1).nonzero().flatten()
-        raise NonFiniteError(f"`{name}` has non-finite values (NaN or inf) in {len(rows)} of its {a.shape[0]} rows, "
-                         f"the first row {int(rows[0])}: a diverged network or non-finite inputs; no spectrum "
-                         "of a non-finite matrix")
+        raise NonFiniteError(f"`{name}` has non-finite values (NaN or inf) in {len(rows)} of its {a.shape[0]} "
+                             f"rows, the first row {int(rows[0])}: a diverged network or non-finite inputs; no "
+                             "spectrum of a non-finite matrix")
     return largest
 
 
@@ -416,7 +416,7 @@ def _exact_ritz(b: Tensor, x: Tensor, rows: Tensor | None, sigma_max: float, sma
 
     ``x`` may span the whole Krylov space while residuals are formed for the ``keep`` extreme Ritz pairs only: the
     residuals are then orthogonal to the whole space, which holds the neighbours beyond the window, so their
-    weighted norms stay small.  ``products`` keeps ``Bᵀ x`` of the columns of an earlier call
+    weighted norms stay small. ``products`` keeps ``Bᵀ x`` of the columns of an earlier call
     whose ``x`` this one extends, and the decomposition of W for the same ``x``.
 
     The error of each value is the smallest of these bounds (the best window ``j`` that holds it), at least
@@ -520,7 +520,8 @@ def _top_singular(b: Tensor, gram: Tensor, count: int, gen: torch.Generator) -> 
                            keep=count + KRYLOV_EXTRA)
         return ritz if ritz.certified(1) else None
 
-    return _krylov_largest(lambda v: _times_columns(gram, v), gram.shape[0], TOP_BLOCK, 1, accept, gen, whole_space=False)
+    return _krylov_largest(lambda v: _times_columns(gram, v), gram.shape[0], TOP_BLOCK, 1, accept, gen,
+                           whole_space=False)
 
 
 def _bottom_singular(b: Tensor, factor: Tensor, rows: Tensor | None, count: int, sigma_max: float,
@@ -608,7 +609,8 @@ def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail
         bx = _times_columns(b, x)
         z, s = bx[tail], bx[head]
     half = p // 2
-    s_again = (_times_columns(b[:, :half], x[:half]) + _times_columns(b[:, half:], x[half:]))[head]  # s rounded in another summation order
+    # s rounded in another summation order
+    s_again = (_times_columns(b[:, :half], x[:half]) + _times_columns(b[:, half:], x[half:]))[head]
     gram_th = gram[tail][:, head]
     cs, c_rounding = _times_columns(gram_th, solve(s)), _times_columns(gram_th, solve(s - s_again))
     # relative accuracy of the Gram matrix's C on s (its rounding, squared condition of the head rows)
@@ -802,7 +804,7 @@ def psi_spectrum_streaming(
         raise ValueError(f"the streamed rows have {r.shape[1]} columns, expected min(N, M) = {k} for Ψ of {n}x{m}")
     if not bool(torch.isfinite(r).all()):
         raise NonFiniteError(f"Ψ ({n}x{m}, streamed) has non-finite values (NaN or inf): a diverged network or "
-                         "non-finite inputs; no spectrum of a non-finite matrix")
+                             "non-finite inputs; no spectrum of a non-finite matrix")
     with blas_threads(torch_threads):
         return _from_singular_values(torch.linalg.svdvals(r), n, m, "qr", num_extremes)
 

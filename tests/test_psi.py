@@ -417,3 +417,39 @@ def test_transposed_products_multiply_only_the_new_columns_of_a_growing_basis():
         q, left, mu, right_t = first
         torch.testing.assert_close(q.T @ q, torch.eye(8, dtype=torch.float64), rtol=0, atol=1e-14)
         torch.testing.assert_close(left * mu @ right_t, reference @ q, rtol=1e-13, atol=1e-13)
+
+
+def _random_psi(kind, n, m, g):
+    k = min(n, m)
+    if kind == "gauss":
+        return torch.randn(n, m, generator=g, dtype=torch.float64)
+    if kind == "low_rank":
+        r = int(torch.randint(1, k + 1, (1,), generator=g))
+        return torch.randn(n, r, generator=g, dtype=torch.float64) @ torch.randn(r, m, generator=g, dtype=torch.float64)
+    if kind == "duplicate_rows":
+        return torch.randn(n, m, generator=g, dtype=torch.float64)[torch.randint(0, n, (n,), generator=g)]
+    if kind == "zero_rows":
+        a = torch.randn(n, m, generator=g, dtype=torch.float64)
+        a[torch.rand(n, generator=g) < 0.3] = 0
+        return a
+    if kind == "integer":
+        return torch.randint(0, 3, (n, m), generator=g).double()
+    exponent = int(torch.randint(-1000, 1000, (1,), generator=g))  # "scaled": log-spaced σ, far from 1
+    s = np.logspace(0, -float(torch.rand(1, generator=g)) * 6, k) * 2.0**exponent
+    return matrix_with_singular_values(s, n, m, seed=int(torch.randint(1 << 30, (1,), generator=g)))
+
+
+@pytest.mark.parametrize("kind", ["gauss", "low_rank", "duplicate_rows", "zero_rows", "integer", "scaled"])
+def test_fast_route_agrees_with_the_svd_on_random_matrices(kind, fast_everywhere):
+    g = torch.Generator().manual_seed(len(kind))
+    for _ in range(12):
+        n, m = (int(v) for v in torch.randint(10, 160, (2,), generator=g))
+        psi = _random_psi(kind, n, m, g)
+        fast, full = psi_spectrum(psi), psi_spectrum(psi, "full")
+        assert fast.rank == full.rank, (kind, n, m, fast.method)
+        assert fast.sigma_max == pytest.approx(full.sigma_max, rel=1e-9)
+        if full.rank == min(n, m):  # σ_min to 1e-6, or to the SVD's own accuracy (eps·σ_max absolute)
+            slack = max(1e-6, 50 * EPS64 * full.sigma_max / full.sigma_min)
+            assert fast.sigma_min == pytest.approx(full.sigma_min, rel=slack)
+        else:
+            assert fast.sigma_min < fast.tolerance

@@ -76,6 +76,10 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     At the end of fit, rank zero prints the verdicts (``rank_zero_info``, one line each): Lemma 2.1, the
     escape path, Assumption 3.1.
 
+    A Ψ or outputs ``Ψ V + b`` with NaN or inf (a diverged network) have no certificates: as in
+    :class:`~lightning_nsv.callbacks.psi_rank.PsiRankMonitor`, that analysis logs nothing, one warning says why,
+    training goes on and the end-of-fit summary says so.
+
     Memory and time: Ψ (``8·N·M`` bytes) is held for the least-squares solve, so ``N·M·8`` must fit
     ``max_memory_bytes`` (checked at the start); the solve costs O(N·M·min(N, M)); the slice costs
     ``surface_points²`` passes over the training set.

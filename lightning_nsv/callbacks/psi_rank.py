@@ -178,6 +178,11 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     At the end of fit, rank zero prints one line (``rank_zero_info``), e.g. ``PsiRankMonitor: Ψ: N=400,
     M=464, rank 347 < N (σ_min 3.1e-15, cond 2.4e+18): the no-bad-valley condition does not hold``.
 
+    A Ψ with NaN or inf (a diverged network) has no spectrum: that analysis logs nothing, a warning (once until
+    an analysis succeeds again) names the rows, training goes on, ``failed_epoch`` records the epoch and the
+    end-of-fit summary says so. Under DDP an error on rank 0, which computes, is raised on every rank (the others
+    would wait for its broadcast).
+
     Args:
         every_n_epochs: Run after every n-th training epoch.
         batch_size: Samples per forward pass when computing Ψ.
