@@ -32,3 +32,28 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
     assert torch.equal(torch.from_numpy(single.svm.support_), artifact.support)
     torch.testing.assert_close(torch.from_numpy(single.svm.alpha_), artifact.alpha, rtol=1e-10, atol=0)
     assert rank0["metrics"] == pytest.approx(single.to_metrics(), rel=1e-10)
+
+
+def _psi_ranks(tmp_path, mode):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    script = Path(__file__).with_name("ddp_psi_fit.py")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), mode], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp_path / f"psi_rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_psi_monitor_on_two_ranks_goes_on_past_a_diverged_network(tmp_path):
+    rank0, rank1 = _psi_ranks(tmp_path, "diverge")
+    for rank in (rank0, rank1):  # the same state on both: the result of epoch 0, no result at epochs 1 and 2
+        assert rank["raised"] is None and rank["epochs"] == 3
+        assert rank["last_epoch"] == 0 and rank["failed_epoch"] == 2 and rank["last_metrics"]["rank"] == 40.0
+    assert rank0["last_metrics"] == rank1["last_metrics"]
+    assert len(rank0["warnings"]) == 1 and "no analysis at epoch 1" in rank0["warnings"][0]
+    assert rank1["warnings"] == []  # rank-zero warning
+
+
+def test_psi_monitor_error_on_rank_zero_is_raised_on_both_ranks(tmp_path):
+    rank0, rank1 = _psi_ranks(tmp_path, "error")
+    assert rank0["raised"] == "MemoryError: no room for Ψ"
+    assert rank1["raised"] == "RuntimeError: PsiRankMonitor failed on rank 0: MemoryError: no room for Ψ"

@@ -55,7 +55,7 @@ class _SkipNetworkMonitor(Callback):
         self.log_figure, self.prefix = log_figure, prefix
         self.last_epoch: int | None = None
         self.last_metrics: dict[str, float] = {}
-        self.failed_epoch: int | None = None  # the last epoch whose Ψ was not finite
+        self.failed_epoch: int | None = None  # the last epoch whose analysis met non-finite values
 
     @property
     def state_key(self) -> str:
@@ -73,7 +73,7 @@ class _SkipNetworkMonitor(Callback):
         lines = self._summary() if self.last_metrics else []
         if self.failed_epoch is not None and (self.last_epoch is None or self.failed_epoch > self.last_epoch):
             above = f"; the result above is epoch {self.last_epoch}'s" if self.last_metrics else ""
-            lines.append(f"the last analysis, at epoch {self.failed_epoch}, had no result: Ψ was not finite "
+            lines.append(f"the last analysis, at epoch {self.failed_epoch}, had no result: non-finite values "
                          f"(a diverged network?){above}")
         if lines:
             rank_zero_info("\n".join(f"{type(self).__name__}: {line}" for line in lines))
