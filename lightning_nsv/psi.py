@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_nsv.errors import NonFiniteError
+
 EPS64 = torch.finfo(torch.float64).eps
 SPECTRA = ("fast", "full")
 #: Up to this many rows (of the smaller side) a full SVD is cheap (0.1 s for 400×10,000) and the fast route takes it.
@@ -274,10 +276,6 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
         if abs(exponent) <= UNSCALED_EXPONENT:
             return _fast_spectrum(b, n, m, num_extremes)
         return _scaled(_fast_spectrum(b * 2.0**-exponent, n, m, num_extremes), 2.0**exponent)
-
-
-class NonFiniteError(ValueError):
-    """Ψ (or what is computed from it) holds NaN or infinity: a diverged network or non-finite inputs."""
 
 
 def check_finite(a: Tensor, name: str) -> float:

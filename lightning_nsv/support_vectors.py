@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_accuracy
 
+from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
 from lightning_nsv.path_space import (
     InputGramCache,
@@ -46,10 +47,6 @@ SOLVERS = ("auto", "numpy", "torch")
 # the cold start tries the INITIAL_MARGINS·⌊√m⌋ smallest network margins first: at m = 20,000 (60,000) the solver
 # then fetches 1,589 (4,174) columns for 1,183 (3,047) support vectors, against 1,777 (4,785) from ⌊√m⌋
 INITIAL_MARGINS = 4
-
-
-class NonFiniteError(ValueError):
-    """Weights, inputs or outputs of the analysis hold NaN or inf."""
 
 
 def signed_labels(y: Tensor | np.ndarray | Sequence[int]) -> Tensor:

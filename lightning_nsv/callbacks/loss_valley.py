@@ -10,9 +10,10 @@ from torch import Tensor, nn
 
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
+from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import NonFiniteError, check_finite
+from lightning_nsv.psi import check_finite
 from lightning_nsv.valley import (
     LOG2,
     Assumption31Checks,

@@ -8,9 +8,9 @@ from torch.utils.data import DataLoader
 
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
+from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import (SMALL_SIDE, SPECTRA, NonFiniteError, check_streaming_memory, psi_spectrum_streaming,
-                               spectrum_summary)
+from lightning_nsv.psi import SMALL_SIDE, SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
