@@ -609,8 +609,9 @@ def _remainder_bound(b: Tensor, gram: Tensor, factor: Tensor, head: Tensor, tail
     half = p // 2
     # s rounded in another summation order
     s_again = (_times_columns(b[:, :half], x[:half]) + _times_columns(b[:, half:], x[half:]))[head]
-    gram_th = gram[tail][:, head]
-    cs, c_rounding = _times_columns(gram_th, solve(s)), _times_columns(gram_th, solve(s - s_again))
+    # C s and C (s − s'): one gather of G's tail×head block, one solve of both right-hand sides
+    cs, c_rounding = _times_columns(gram[tail[:, None], head], solve(torch.cat([s, s - s_again], 1))).split(
+        NORM_PROBES, 1)
     # relative accuracy of the Gram matrix's C on s (its rounding, squared condition of the head rows)
     rel_c = min(1.0, 8 * EPS64 * math.sqrt(k) * (sigma_max / sigma_head) ** 2)
     tail_fro = math.sqrt(float(gram.diagonal()[tail].sum()))
