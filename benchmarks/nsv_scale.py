@@ -474,6 +474,28 @@ def measured(fn, *a, **kw):
     return {"out": out, "wall": wall, "cpu": cpu, "mem": mem, "warnings": [str(w.message) for w in caught]}
 
 
+def repeated(fn, *a, repeats: int = 1, fresh=None, **kw):
+    """:func:`measured` over ``repeats`` calls: the record of the call of median wall time, the result of the last
+    call (the calls are deterministic), every call's wall time (``walls``) and the largest peak. ``fresh``: a function
+    giving keyword arguments for each call, made before its timing (e.g. a new copy of a cache)."""
+    records = []
+    for k in range(repeats):
+        extra = fresh() if fresh is not None else {}
+        r = measured(fn, *a, **kw, **extra)
+        r["kwargs"] = extra if k == repeats - 1 else None
+        if k < repeats - 1:
+            r.pop("out")  # one result alive at a time (the dense kernel is 3.2 GB)
+        del extra
+        records.append(r)
+        gc.collect()
+    median = sorted(records, key=lambda r: r["wall"])[repeats // 2]  # of an even count, the slower middle one
+    result = dict(median, out=records[-1]["out"], kwargs=records[-1]["kwargs"])
+    result["walls"] = [r["wall"] for r in records]
+    result["mem"] = max((r["mem"] for r in records), key=lambda mem: mem.peak)
+    result["warnings"] = sorted({w for r in records for w in r["warnings"]})
+    return result
+
+
 def researcher_kernel(x64, slopes):
     """The dense float64 path kernel as the paper's method computes it: ``(X Xᵀ) ∘ Π_l (S_l S_lᵀ)``."""
     kernel = x64 @ x64.T
@@ -506,7 +528,7 @@ def compare_main(args, log):
 
     def row(step, r, svm=None, reference=None, note=""):
         entry = {"step": step, "wall": r["wall"], "cpu": r["cpu"], "peak": r["mem"].peak, "own": r["mem"].extra,
-                 "note": note, "warnings": r["warnings"]}
+                 "note": note, "warnings": r["warnings"], "walls": r.get("walls")}
         if svm is not None:
             entry.update(s=svm.n_support_, kkt=svm.kkt_residual)
             if reference is not None:
@@ -535,12 +557,13 @@ def compare_main(args, log):
     with torch.no_grad():
         outputs, slopes = forward_with_slopes(net, x64)
 
-    kernel_run = measured(researcher_kernel, x64, slopes)
+    n = args.repeats
+    kernel_run = repeated(researcher_kernel, x64, slopes, repeats=n)
     kernel = kernel_run.pop("out")  # the step record must not keep the 3.2 GB kernel alive
-    exact = measured(max_margin, kernel, y)
+    exact = repeated(max_margin, kernel, y, repeats=n)
     reference = exact["out"]
-    svc_default = measured(svc_fit, kernel, y)
-    svc_strict = measured(svc_fit, kernel, y, tol=1e-5, shrinking=False)
+    svc_default = repeated(svc_fit, kernel, y, repeats=n)
+    svc_strict = repeated(svc_fit, kernel, y, tol=1e-5, shrinking=False, repeats=n)
     del kernel
     gc.collect()
     log(f"m={m:,}: the paper's method")
@@ -550,29 +573,31 @@ def compare_main(args, log):
         rows.append({"step": f"paper: {name}", "wall": r["wall"], "cpu": r["cpu"], "peak": r["mem"].peak,
                      "own": r["mem"].extra,
                      "s": len(svc.support_), "jaccard": jaccard(np.sort(svc.support_), reference.support_),
-                     "note": "with intercept (a different problem)", "warnings": r["warnings"]})
+                     "note": "with intercept (a different problem)", "warnings": r["warnings"], "walls": r["walls"]})
         for total, label in ((r, name),):
             rows.append({"step": f"paper total: kernel + {label}", "wall": kernel_run["wall"] + r["wall"],
                          "cpu": kernel_run["cpu"] + r["cpu"], "peak": max(kernel_run["mem"].peak, r["mem"].peak),
                          "own": max(kernel_run["mem"].extra, r["mem"].extra),
-                         "note": "", "warnings": []})
+                         "note": "", "warnings": [],
+                         "walls": [k + w for k, w in zip(kernel_run["walls"], r["walls"])]})
     row("exact dense reference: active set on the dense kernel", exact, reference, reference)
 
     net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
     # the callback's default (stop_on_zero_error=True): one analysis, no input-Gram rows kept for another
-    first = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                     solver=args.solver)
+    first = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                     solver=args.solver, repeats=n)
     log(f"m={m:,}: the package, network_support_vectors (kernel='auto')")
     pkg = row("package: network_support_vectors, end to end (validation on "
               f"{args.val_size:,} samples), as the callback runs it by default", first, first["out"].svm, reference)
     other = "numpy" if solver_backend_device(args.solver, device) is not None else "torch"
-    second = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                      solver=other)
+    second = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                      solver=other, repeats=n)
     row(f"package, solver='{other}' (the {'CPU' if other == 'numpy' else 'GPU'} default, here on "
         f"{device.type}); otherwise as above", second, second["out"].svm, reference)
-    gram_cache = InputGramCache()  # what the callback keeps between analyses with stop_on_zero_error=False
-    tracked = measured(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                       cache=gram_cache, solver=args.solver)
+    # what the callback keeps between analyses with stop_on_zero_error=False: a new cache for each repeat
+    tracked = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                       solver=args.solver, repeats=n, fresh=lambda: {"cache": InputGramCache()})
+    gram_cache = tracked["kwargs"]["cache"]
     row("package, tracking (stop_on_zero_error=False): the first analysis, keeping its support's X Xᵀ rows "
         "(cache=InputGramCache())", tracked, tracked["out"].svm, reference)
     facts["cache"] = f"{len(gram_cache):,} input-Gram rows, {gib(gram_cache.nbytes)} GiB kept after the first analysis"
@@ -593,15 +618,16 @@ def compare_main(args, log):
         log(f"m={m:,}: {more} more epoch(s), warm start from the previous support")
         net2_dev = net2.to(device)
         misses, previous = gram_cache.misses, gram_cache.samples.cpu().numpy()
-        warm = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                        cache=gram_cache, solver=args.solver)
+        warm = repeated(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                        solver=args.solver, repeats=n, fresh=_copies_of(gram_cache))
+        gram_cache = warm["kwargs"]["cache"]
         kept = np.intersect1d(previous, warm["out"].svm.support_)
         facts["cache_warm"].append(
             f"after {more} more epoch(s): {len(kept):,} of the previous {len(previous):,} support vectors are support "
             f"vectors again, of {warm['out'].svm.n_support_:,}; the warm start computed "
             f"{gram_cache.misses - misses:,} input-Gram rows afresh")
-        cold = measured(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                        solver=args.solver)
+        cold = repeated(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
+                        solver=args.solver, repeats=n)
         e = row(f"package, {more} more epoch(s): warm start (cache = the previous analysis's InputGramCache: its "
                 "support's X Xᵀ rows and initial support)", warm, warm["out"].svm, cold["out"].svm)
         e["note"] = f"{100 * warm['wall'] / tracked['wall']:.0f}% of the tracking mode's first analysis (wall)"
@@ -631,13 +657,31 @@ def compare_main(args, log):
                                 f"{' (loaded from --cache-dir)' if cached else ''}, {errors} errors")
         log(facts["train_large"])
         if not errors:
-            large = large_in_fresh_process(args, modelL, xL, yL, x_val, y_val)
+            runs = [large_in_fresh_process(args, modelL, xL, yL, x_val, y_val) for _ in range(args.repeats)]
+            large = dict(sorted(runs, key=lambda r: r["wall"])[len(runs) // 2], out=runs[-1]["out"],
+                         kkt_fresh=runs[-1]["kkt_fresh"], walls=[r["wall"] for r in runs],
+                         mem=max((r["mem"] for r in runs), key=lambda mem: mem.peak))
             e = row(f"package m={mL:,}: network_support_vectors, end to end (a fresh process: imports, data, "
                     "network, then the call)", large, large["out"])
             e["note"] = (f"{gib(large['mem'].start)} GiB resident before the call (interpreter, torch, Lightning, "
                          f"the data); dense float64 kernel would need {8 * mL * mL / 1e9:.1f} GB")
             facts["kkt_large"] = large["kkt_fresh"]
     return rows, facts
+
+
+def _copies_of(cache: InputGramCache):
+    """A function giving ``{"cache": c}`` with ``c`` a new copy of ``cache`` as it is now, read from a file: every
+    repeat of a warm start starts from the same cache, and no second copy is held in memory while one runs."""
+    import tempfile
+
+    handle = tempfile.TemporaryFile()
+    torch.save(cache, handle)
+
+    def fresh():
+        handle.seek(0)
+        return {"cache": torch.load(handle, weights_only=False)}
+
+    return fresh
 
 
 def large_in_fresh_process(args, model, x, y, x_val, y_val) -> dict:
@@ -734,12 +778,23 @@ def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
         "process's peak resident set size during the step (freed heap given back to the OS before it); own = that peak less the "
         "resident size at the step's start (the interpreter, torch, scikit-learn and the data sets), i.e. "
         "what the step itself needed. Jaccard, margin rel. diff. against the exact dense "
-        "reference (the warm start against the cold start on the same network).",
+        "reference (the warm start against the cold start on the same network). "
+        + (f"Every step at m={args.compare_m:,} ran {args.repeats} times (`--repeats`): wall s and CPU s are those of "
+           "the call of median wall time, each call's wall time is in the note, peak is the largest; the support "
+           "vectors, agreement and KKT are the last call's; the warm starts each "
+           "begin from a copy of the same cache. "
+           + (f"So did m={args.large_m:,}, a fresh process each time; the " if args.large_m else "The ")
+           + "near-degenerate set ran once."
+           if args.repeats > 1 else "Each step ran once."),
         "",
         "| step | wall s | CPU s | peak GiB | own GiB | support vectors | Jaccard | margin rel. diff | KKT | note |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
+        walls = r.get("walls") or []
+        if len(walls) > 1:
+            spread = f"walls of the {len(walls)} calls {', '.join(f'{w:.2f}' for w in walls)} s"
+            r = dict(r, note=f"{r['note']}; {spread}" if r["note"] else spread)
         out.append(f"| {r['step']} | {r['wall']:.2f} | {r['cpu']:.2f} | {gib(r['peak'])} | {gib(r['own'])} | "
                    f"{fmt(r.get('s'), ',')} | "
                    f"{fmt(r.get('jaccard'), '.4f')} | {fmt(r.get('margin_rel'), '.1e')} | {fmt(r.get('kkt'), '.1e')} | "
@@ -797,6 +852,9 @@ def main(argv=None) -> None:
                         help="network_support_vectors(solver=...) of the package's steps; the other backend is "
                              "timed once beside the first analysis")
     parser.add_argument("--cache-dir", default=None, help="save trained networks here and reuse them in later runs")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="calls of each step at --compare-m (the paper's and the package's): the median is "
+                             "reported, every call's wall time beside it (the cores are shared: timings are noisy)")
     args = parser.parse_args(argv)
     args.analysis_threads = args.threads or torch.get_num_threads()
     if args.output is None:
@@ -806,6 +864,8 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if min(sizes) < 2:
         parser.error(f"--sizes must be at least 2, got {sizes}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if min(args.more_epochs) < 0:
         parser.error(f"--more-epochs must be at least 0, got {args.more_epochs}")
 
