@@ -474,26 +474,36 @@ def measured(fn, *a, **kw):
     return {"out": out, "wall": wall, "cpu": cpu, "mem": mem, "warnings": [str(w.message) for w in caught]}
 
 
-def repeated(fn, *a, repeats: int = 1, fresh=None, **kw):
-    """:func:`measured` over ``repeats`` calls: the record of the call of median wall time, the result of the last
-    call (the calls are deterministic), every call's wall time (``walls``) and the largest peak. ``fresh``: a function
-    giving keyword arguments for each call, made before its timing (e.g. a new copy of a cache)."""
-    records = []
-    for k in range(repeats):
-        extra = fresh() if fresh is not None else {}
-        r = measured(fn, *a, **kw, **extra)
-        r["kwargs"] = extra if k == repeats - 1 else None
-        if k < repeats - 1:
-            r.pop("out")  # one result alive at a time (the dense kernel is 3.2 GB)
-        del extra
-        records.append(r)
-        gc.collect()
-    median = sorted(records, key=lambda r: r["wall"])[repeats // 2]  # of an even count, the slower middle one
-    result = dict(median, out=records[-1]["out"], kwargs=records[-1]["kwargs"])
+def median_of(records: list[dict]) -> dict:
+    """Repeated calls of one step as one record: that of the call of median wall time (of an even count the slower
+    middle one), the last call's result and keyword arguments, every call's wall time (``walls``), the largest
+    peak and all warnings."""
+    median = sorted(records, key=lambda r: r["wall"])[len(records) // 2]
+    result = dict(median, out=records[-1].get("out"), kwargs=records[-1].get("kwargs"))
     result["walls"] = [r["wall"] for r in records]
     result["mem"] = max((r["mem"] for r in records), key=lambda mem: mem.peak)
     result["warnings"] = sorted({w for r in records for w in r["warnings"]})
     return result
+
+
+def alternating(steps, repeats: int) -> list[dict]:
+    """Steps ``(fn, args, kwargs, fresh)`` called in turn, ``repeats`` rounds, each step's calls as one record
+    (:func:`median_of`): a slow spell of the shared machine then falls on every step alike. ``fresh``: ``None`` or
+    a function giving more keyword arguments for each call, made before its timing (e.g. a new copy of a cache).
+    Only the last round's results are kept."""
+    runs = [[] for _ in steps]
+    for k in range(repeats):
+        for (fn, a, kw, fresh), records in zip(steps, runs):
+            extra = fresh() if fresh is not None else {}
+            r = measured(fn, *a, **kw, **extra)
+            if k < repeats - 1:
+                r.pop("out")
+            else:
+                r["kwargs"] = extra
+            del extra
+            records.append(r)
+            gc.collect()
+    return [median_of(records) for records in runs]
 
 
 def researcher_kernel(x64, slopes):
@@ -557,16 +567,40 @@ def compare_main(args, log):
     with torch.no_grad():
         outputs, slopes = forward_with_slopes(net, x64)
 
+    # rounds of every step at m: the paper's (one dense kernel per round, freed after it) and the package's
     n = args.repeats
-    kernel_run = repeated(researcher_kernel, x64, slopes, repeats=n)
-    kernel = kernel_run.pop("out")  # the step record must not keep the 3.2 GB kernel alive
-    exact = repeated(max_margin, kernel, y, repeats=n)
+    net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
+    inputs = (net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
+    other = "numpy" if solver_backend_device(args.solver, device) is not None else "torch"
+    keys = ("kernel", "exact", "svc_default", "svc_strict", "first", "second", "tracked")
+    runs = {key: [] for key in keys}
+    for k in range(n):
+        log(f"m={m:,}: round {k + 1} of {n}: the paper's method, the exact reference, the package")
+        r = measured(researcher_kernel, x64, slopes)
+        kernel = r.pop("out")  # no record keeps the 3.2 GB kernel alive
+        runs["kernel"].append(r)
+        runs["exact"].append(measured(max_margin, kernel, y))
+        runs["svc_default"].append(measured(svc_fit, kernel, y))
+        runs["svc_strict"].append(measured(svc_fit, kernel, y, tol=1e-5, shrinking=False))
+        del kernel
+        gc.collect()
+        # the callback's default (stop_on_zero_error=True): one analysis, no input-Gram rows kept for another
+        runs["first"].append(measured(network_support_vectors, *inputs, solver=args.solver))
+        runs["second"].append(measured(network_support_vectors, *inputs, solver=other))
+        # what the callback keeps between analyses with stop_on_zero_error=False
+        cache = InputGramCache()
+        runs["tracked"].append(dict(measured(network_support_vectors, *inputs, solver=args.solver, cache=cache),
+                                    kwargs={"cache": cache}))
+        del cache
+        if k < n - 1:
+            for key in keys:
+                runs[key][-1].pop("out", None)
+                runs[key][-1].pop("kwargs", None)
+        gc.collect()
+    kernel_run, exact, svc_default, svc_strict, first, second, tracked = (median_of(runs[key]) for key in keys)
     reference = exact["out"]
-    svc_default = repeated(svc_fit, kernel, y, repeats=n)
-    svc_strict = repeated(svc_fit, kernel, y, tol=1e-5, shrinking=False, repeats=n)
-    del kernel
-    gc.collect()
-    log(f"m={m:,}: the paper's method")
+    facts["rounds"] = [(runs["kernel"][k]["wall"] + runs["svc_default"][k]["wall"]) / runs["first"][k]["wall"]
+                       for k in range(n)]
     row("paper: dense float64 path kernel", kernel_run)
     for name, r in (("SVC default (tol 1e-3, shrinking)", svc_default), ("SVC tol 1e-5, shrinking=False", svc_strict)):
         svc = r["out"]
@@ -574,29 +608,17 @@ def compare_main(args, log):
                      "own": r["mem"].extra,
                      "s": len(svc.support_), "jaccard": jaccard(np.sort(svc.support_), reference.support_),
                      "note": "with intercept (a different problem)", "warnings": r["warnings"], "walls": r["walls"]})
-        for total, label in ((r, name),):
-            rows.append({"step": f"paper total: kernel + {label}", "wall": kernel_run["wall"] + r["wall"],
-                         "cpu": kernel_run["cpu"] + r["cpu"], "peak": max(kernel_run["mem"].peak, r["mem"].peak),
-                         "own": max(kernel_run["mem"].extra, r["mem"].extra),
-                         "note": "", "warnings": [],
-                         "walls": [k + w for k, w in zip(kernel_run["walls"], r["walls"])]})
+        rows.append({"step": f"paper total: kernel + {name}", "wall": kernel_run["wall"] + r["wall"],
+                     "cpu": kernel_run["cpu"] + r["cpu"], "peak": max(kernel_run["mem"].peak, r["mem"].peak),
+                     "own": max(kernel_run["mem"].extra, r["mem"].extra),
+                     "note": "", "warnings": [],
+                     "walls": [k + w for k, w in zip(kernel_run["walls"], r["walls"])]})
     row("exact dense reference: active set on the dense kernel", exact, reference, reference)
 
-    net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
-    # the callback's default (stop_on_zero_error=True): one analysis, no input-Gram rows kept for another
-    first = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                     solver=args.solver, repeats=n)
-    log(f"m={m:,}: the package, network_support_vectors (kernel='auto')")
     pkg = row("package: network_support_vectors, end to end (validation on "
               f"{args.val_size:,} samples), as the callback runs it by default", first, first["out"].svm, reference)
-    other = "numpy" if solver_backend_device(args.solver, device) is not None else "torch"
-    second = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                      solver=other, repeats=n)
     row(f"package, solver='{other}' (the {'CPU' if other == 'numpy' else 'GPU'} default, here on "
         f"{device.type}); otherwise as above", second, second["out"].svm, reference)
-    # what the callback keeps between analyses with stop_on_zero_error=False: a new cache for each repeat
-    tracked = repeated(network_support_vectors, net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                       solver=args.solver, repeats=n, fresh=lambda: {"cache": InputGramCache()})
     gram_cache = tracked["kwargs"]["cache"]
     row("package, tracking (stop_on_zero_error=False): the first analysis, keeping its support's X Xᵀ rows "
         "(cache=InputGramCache())", tracked, tracked["out"].svm, reference)
@@ -617,17 +639,18 @@ def compare_main(args, log):
             break
         log(f"m={m:,}: {more} more epoch(s), warm start from the previous support")
         net2_dev = net2.to(device)
+        inputs2 = (net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
         misses, previous = gram_cache.misses, gram_cache.samples.cpu().numpy()
-        warm = repeated(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                        solver=args.solver, repeats=n, fresh=_copies_of(gram_cache))
+        copies, gram_cache = _copies_of(gram_cache), None  # each warm start reads its own copy; none held beside
+        warm, cold = alternating(
+            [(network_support_vectors, inputs2, {"solver": args.solver}, copies),
+             (network_support_vectors, inputs2, {"solver": args.solver}, None)], n)
         gram_cache = warm["kwargs"]["cache"]
         kept = np.intersect1d(previous, warm["out"].svm.support_)
         facts["cache_warm"].append(
             f"after {more} more epoch(s): {len(kept):,} of the previous {len(previous):,} support vectors are support "
             f"vectors again, of {warm['out'].svm.n_support_:,}; the warm start computed "
             f"{gram_cache.misses - misses:,} input-Gram rows afresh")
-        cold = repeated(network_support_vectors, net2_dev, x_dev, y01.to(device), xv_dev, y_val.to(device),
-                        solver=args.solver, repeats=n)
         e = row(f"package, {more} more epoch(s): warm start (cache = the previous analysis's InputGramCache: its "
                 "support's X Xᵀ rows and initial support)", warm, warm["out"].svm, cold["out"].svm)
         e["note"] = f"{100 * warm['wall'] / tracked['wall']:.0f}% of the tracking mode's first analysis (wall)"
@@ -658,9 +681,7 @@ def compare_main(args, log):
         log(facts["train_large"])
         if not errors:
             runs = [large_in_fresh_process(args, modelL, xL, yL, x_val, y_val) for _ in range(args.repeats)]
-            large = dict(sorted(runs, key=lambda r: r["wall"])[len(runs) // 2], out=runs[-1]["out"],
-                         kkt_fresh=runs[-1]["kkt_fresh"], walls=[r["wall"] for r in runs],
-                         mem=max((r["mem"] for r in runs), key=lambda mem: mem.peak))
+            large = dict(median_of(runs), kkt_fresh=runs[-1]["kkt_fresh"])
             e = row(f"package m={mL:,}: network_support_vectors, end to end (a fresh process: imports, data, "
                     "network, then the call)", large, large["out"])
             e["note"] = (f"{gib(large['mem'].start)} GiB resident before the call (interpreter, torch, Lightning, "
@@ -779,11 +800,14 @@ def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
         "resident size at the step's start (the interpreter, torch, scikit-learn and the data sets), i.e. "
         "what the step itself needed. Jaccard, margin rel. diff. against the exact dense "
         "reference (the warm start against the cold start on the same network). "
-        + (f"Every step at m={args.compare_m:,} ran {args.repeats} times (`--repeats`): wall s and CPU s are those of "
-           "the call of median wall time, each call's wall time is in the note, peak is the largest; the support "
-           "vectors, agreement and KKT are the last call's; the warm starts each "
-           "begin from a copy of the same cache. "
-           + (f"So did m={args.large_m:,}, a fresh process each time; the " if args.large_m else "The ")
+        + (f"The steps at m={args.compare_m:,} ran in {args.repeats} rounds (`--repeats`), each step once a round "
+           "in turn (the paper's kernel, the exact reference, the two SVC fits, the package's three first analyses; "
+           "then the warm start and its cold start, alternating), so that a slow spell of the shared machine falls "
+           "on both methods: wall s and CPU s are those of the step's call of median wall time, each call's wall "
+           "time is in the note, peak is the largest; the support vectors, agreement and KKT are the last round's; "
+           "every warm start begins from a copy of the same cache. "
+           + (f"m={args.large_m:,} ran {args.repeats} times too, a fresh process each time; the " if args.large_m
+              else "The ")
            + "near-degenerate set ran once."
            if args.repeats > 1 else "Each step ran once."),
         "",
@@ -802,6 +826,9 @@ def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
     out += ["", "## Summary", ""]
     for name, wall, cpu in facts["speedup"]:
         out.append(f"- the package against the paper's {name}: {wall:.1f}× less wall time, {cpu:.1f}× less CPU time")
+    if len(facts.get("rounds", [])) > 1:
+        out.append("- the same (kernel + SVC default against the package), wall, round by round: "
+                   + ", ".join(f"{ratio:.1f}×" for ratio in facts["rounds"]))
     out.append(f"- KKT residual of the package's m={args.compare_m:,} solution recomputed over all m from fresh "
                f"kernel columns: {facts['kkt_independent']:.1e}")
     if "kkt_large" in facts:
@@ -853,8 +880,9 @@ def main(argv=None) -> None:
                              "timed once beside the first analysis")
     parser.add_argument("--cache-dir", default=None, help="save trained networks here and reuse them in later runs")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="calls of each step at --compare-m (the paper's and the package's): the median is "
-                             "reported, every call's wall time beside it (the cores are shared: timings are noisy)")
+                        help="rounds of the steps at --compare-m (the paper's and the package's, each once a round "
+                             "in turn) and runs at --large-m: the median call of each step is reported, every "
+                             "call's wall time beside it (the cores are shared: timings are noisy)")
     args = parser.parse_args(argv)
     args.analysis_threads = args.threads or torch.get_num_threads()
     if args.output is None:

@@ -422,6 +422,19 @@ class InputGramCache:
                 out.index_copy_(0, positions, block.index_select(0, slots[positions] - start))
         return out
 
+    def gram_among(self, samples: Tensor) -> Tensor:
+        """``(X Xᵀ)[samples][:, samples]`` from the kept rows (every sample's row must be kept); not counted in
+        :attr:`hits`. Cost: a gather of ``len(samples)`` columns from each block that holds some of the rows."""
+        slots = self._slot[samples] if self._slot is not None else torch.full((len(samples),), -1)
+        if bool((slots < 0).any()):
+            raise ValueError("gram_among needs the kept rows of every sample")
+        out = self._blocks[0].new_empty(len(samples), len(samples))
+        for start, block in zip(self._starts, self._blocks):
+            positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
+            if len(positions):
+                out[positions] = block[:, samples][slots[positions] - start]
+        return out
+
     def shares(self, rows: Tensor) -> bool:
         """Whether ``rows`` is one of the cache's own blocks (to be read, not written)."""
         return any(rows.data_ptr() == block.data_ptr() for block in self._blocks)

@@ -368,3 +368,78 @@ def test_finite_check_passes_overflowing_sums_and_names_every_kind_of_bad_value(
     x[1, 0], x[3, 1] = float("inf"), -float("inf")  # their sum is NaN
     with pytest.raises(NonFiniteError, match="at sample 1 \\(2 samples in all\\)"):
         _check_finite_samples(x, "training inputs")
+
+
+def test_gram_among_reads_the_input_gram_of_kept_samples_from_several_blocks():
+    x = torch.randn(50, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    cache = InputGramCache()
+    cache.attach(x)
+    cache.rows(x, torch.tensor([3, 7, 11]))
+    cache.rows(x, torch.tensor([20, 1, 44, 7]))  # a second block (7 is served from the first)
+    hits, misses = cache.hits, cache.misses
+    samples = torch.tensor([44, 3, 1, 11, 20, 7])
+    np.testing.assert_allclose(cache.gram_among(samples).numpy(), (x[samples] @ x[samples].T).numpy(),
+                               rtol=1e-15, atol=1e-15)
+    assert (cache.hits, cache.misses) == (hits, misses)
+    with pytest.raises(ValueError, match="kept rows of every sample"):
+        cache.gram_among(torch.tensor([3, 5]))
+
+
+@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
+def test_pruned_support_is_the_support_of_the_previous_supports_own_problem(monkeypatch, bias, beta):
+    from lightning_nsv import support_vectors as sv
+
+    net = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
+    x, y = self_labelled(net, 400, seed=7)
+    x = x.double()
+    signs = signed_labels(y)
+    slopes = forward_with_slopes(net, x)[1]
+    previous = torch.from_numpy(np.random.default_rng(1).choice(len(x), 120, replace=False))
+    expected = max_margin(path_kernel(x[previous], [s[previous] for s in slopes], bias=bias), signs[previous])
+    cache = InputGramCache()
+    cache.attach(x)
+    cache.rows(x, previous)
+    for kept in (sv.pruned_support(net, x, slopes, signs, previous),
+                 sv.pruned_support(net, x, slopes, signs, previous, cache=cache)):
+        np.testing.assert_array_equal(kept, previous.numpy()[expected.support_])
+        assert 0 < len(kept) < len(previous)
+    monkeypatch.setattr(sv, "PRUNE_MAX_BYTES", 8 * 120 * 120 - 1)  # too large a sub-problem: no pruning
+    np.testing.assert_array_equal(sv.pruned_support(net, x, slopes, signs, previous), previous.numpy())
+    monkeypatch.setattr(sv, "PRUNE_MAX_BYTES", 8 * 120 * 120)
+
+    def failing(*args, **kwargs):
+        raise NotSeparableError("the sub-problem failed")
+
+    monkeypatch.setattr(sv, "max_margin", failing)  # a failed sub-problem: the previous support as it was
+    np.testing.assert_array_equal(sv.pruned_support(net, x, slopes, signs, previous, cache=cache), previous.numpy())
+
+
+def test_a_warm_start_admits_the_pruned_previous_support(monkeypatch):
+    """Members of the previous support that the new network no longer needs are not admitted (their full columns are
+    never formed); the solution is still the cold one."""
+    from lightning_nsv import support_vectors as sv
+
+    first = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
+    x, y = self_labelled(first, 400, seed=7)
+    second = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
+    for w in second.weights:
+        w.add_(0.05 * torch.randn(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(2)))
+    keep = torch.sign(forward_with_slopes(second, x)[0]) == torch.where(y > 0, 1.0, -1.0)
+    x, y = x[keep], y[keep]
+    cache = InputGramCache()
+    network_support_vectors(first, x, y, cache=cache)
+    previous = cache.samples.clone()
+    admitted = []
+    active_set = sv.max_margin
+
+    def recording(kernel, labels, **kwargs):
+        if callable(kernel):  # the whole problem (the sub-problem's kernel is a dense tensor)
+            admitted.append(np.asarray(kwargs["initial"]))
+        return active_set(kernel, labels, **kwargs)
+
+    monkeypatch.setattr(sv, "max_margin", recording)
+    warm = network_support_vectors(second, x, y, cache=cache).svm
+    cold = network_support_vectors(second, x, y, kernel="dense").svm
+    np.testing.assert_array_equal(warm.support_, cold.support_)
+    np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
+    assert set(admitted[0]) < set(previous.tolist())  # pruned: a proper subset
