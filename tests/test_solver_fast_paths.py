@@ -78,15 +78,21 @@ def test_warm_start_from_a_previous_support_gives_the_same_solution():
         network_support_vectors(net, x, y, initial=[len(y)])
 
 
-@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
-def test_input_gram_cache_between_analyses_gives_the_cold_solution(bias, beta):
+def a_network_and_a_nearby_one(beta, bias, step, seed):
+    """A network, its weights moved by ``step``-sized noise ("a few more epochs"), and the samples the first labels
+    that the second still classifies alike."""
     first = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
     x, y = self_labelled(first, 400, seed=7)
     second = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
-    for w in second.weights:  # "a few more epochs": a nearby network, labels still correct
-        w.add_(0.01 * torch.randn(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(1)))
+    for w in second.weights:
+        w.add_(step * torch.randn(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(seed)))
     keep = torch.sign(forward_with_slopes(second, x)[0]) == torch.where(y > 0, 1.0, -1.0)
-    x, y = x[keep], y[keep]
+    return first, second, x[keep], y[keep]
+
+
+@pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
+def test_input_gram_cache_between_analyses_gives_the_cold_solution(bias, beta):
+    first, second, x, y = a_network_and_a_nearby_one(beta, bias, step=0.01, seed=1)
     cache = InputGramCache()
     network_support_vectors(first, x, y, cache=cache)
     first_support = cache.samples.clone()
@@ -419,13 +425,7 @@ def test_a_warm_start_admits_the_pruned_previous_support(monkeypatch):
     never formed); the solution is still the cold one."""
     from lightning_nsv import support_vectors as sv
 
-    first = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
-    x, y = self_labelled(first, 400, seed=7)
-    second = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
-    for w in second.weights:
-        w.add_(0.05 * torch.randn(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(2)))
-    keep = torch.sign(forward_with_slopes(second, x)[0]) == torch.where(y > 0, 1.0, -1.0)
-    x, y = x[keep], y[keep]
+    first, second, x, y = a_network_and_a_nearby_one(0.0, False, step=0.05, seed=2)
     cache = InputGramCache()
     network_support_vectors(first, x, y, cache=cache)
     previous = cache.samples.clone()
