@@ -382,12 +382,24 @@ class InputGramCache:
     def rows_view(self, chunks: _InputChunks, idx: Tensor) -> Tensor:
         """:meth:`rows` of ``chunks.x`` in ``chunks.dtype``, but the cache's own block when it holds exactly these
         rows (read it, do not write it)."""
+        sources = self.row_sources(chunks, idx)
+        if not len(idx):
+            return chunks.x.new_empty(0, chunks.x.shape[0], dtype=chunks.dtype)
+        if len(sources) == 1 and sources[0][2] is None:
+            return sources[0][1]
+        return gather_rows(sources, len(idx), slice(None))
+
+    def row_sources(self, chunks: _InputChunks, idx: Tensor) -> list[tuple[Tensor | None, Tensor, Tensor | None]]:
+        """Where the rows ``(X Xᵀ)[idx, :]`` are, after the missing ones are computed and kept: ``(positions,
+        block, rows)`` for each block that holds some, ``block[rows]`` being the rows at ``positions`` of ``idx``
+        (``positions`` ``None``: all of them; ``rows`` ``None``: the whole block, in order). Read the blocks, do not
+        write them; :func:`gather_rows` copies a range of columns."""
         x = chunks.x
         if self._fingerprint is not None and self._fingerprint[0][2] != chunks.dtype:
             raise ValueError(f"the cache holds rows in {self._fingerprint[0][2]}, asked for {chunks.dtype}: attach it "
                              "again for another dtype")
         if not len(idx):
-            return x.new_empty(0, x.shape[0], dtype=chunks.dtype)
+            return []
         distinct = len(torch.unique(idx)) == len(idx)
         missing = idx[self._slot[idx] < 0]
         if not distinct:
@@ -402,25 +414,13 @@ class InputGramCache:
             self._starts.append(self._next_slot)
             self._slot[missing] = torch.arange(self._next_slot, self._next_slot + len(missing), device=x.device)
             self._next_slot += len(missing)
-        return self._gather(self._slot[idx])
+        slots = self._slot[idx]
+        return [(None, self._blocks[-1], None)] if self._is_last_block(slots) else self._sources(slots)
 
     def _is_last_block(self, slots: Tensor) -> bool:
         """Whether ``slots`` are exactly those of the last block, in order."""
         return len(slots) == len(self._blocks[-1]) and torch.equal(
             slots, torch.arange(self._starts[-1], self._next_slot, device=slots.device))
-
-    def _gather(self, slots: Tensor) -> Tensor:
-        last = self._blocks[-1]
-        if self._is_last_block(slots):
-            return last
-        out = last.new_empty(len(slots), last.shape[1])
-        for start, block in zip(self._starts, self._blocks):
-            positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
-            if len(positions) == len(slots):  # all in this block: one copy
-                return torch.index_select(block, 0, slots - start, out=out)
-            if len(positions):
-                out.index_copy_(0, positions, block.index_select(0, slots[positions] - start))
-        return out
 
     def gram_among(self, samples: Tensor) -> Tensor:
         """``(X Xᵀ)[samples][:, samples]`` from the kept rows (every sample's row must be kept); not counted in
@@ -478,6 +478,36 @@ class InputGramCache:
                 if int(rows[z - 1]) != z - 1:  # distinct, ascending and >= j: in place exactly when the last one is
                     first[a:z] = first.index_select(0, rows[a:z])
         return kept
+
+    def _sources(self, slots: Tensor) -> list[tuple[Tensor | None, Tensor, Tensor]]:
+        """``(positions, block, rows)`` of the blocks that hold ``slots`` (see :meth:`row_sources`)."""
+        sources = []
+        for start, block in zip(self._starts, self._blocks):
+            positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
+            if len(positions) == len(slots):
+                return [(None, block, slots - start)]
+            if len(positions):
+                sources.append((positions, block, slots[positions] - start))
+        return sources
+
+
+def gather_rows(sources: list[tuple[Tensor | None, Tensor, Tensor | None]], count: int, cols: slice,
+                out: Tensor | None = None) -> Tensor:
+    """Columns ``cols`` of the ``count`` rows that :meth:`InputGramCache.row_sources` located, copied into ``out``
+    (a new ``(count, width)`` tensor when ``None``; contiguous)."""
+    first = sources[0][1]
+    width = len(range(first.shape[1])[cols])
+    out = first.new_empty(count, width) if out is None else out
+    for positions, block, rows in sources:
+        part = block[:, cols]
+        if positions is None:
+            if rows is None:
+                out.copy_(part)
+            else:
+                torch.index_select(part, 0, rows, out=out)
+        else:
+            out.index_copy_(0, positions, part.index_select(0, rows))
+    return out
 
 
 class PathKernelColumns:
@@ -560,12 +590,16 @@ class PathKernelColumns:
         if step != 1:
             raise ValueError(f"`part` must be a range of consecutive samples, got a step of {step}")
         stop = max(start, stop)
-        if cache is not None:
-            input_gram = cache.rows_view(self._chunks, idx)
-            out = torch.empty_like(input_gram) if cache.shares(input_gram) else input_gram
-        else:
-            input_gram, left = None, self.x[idx].to(self.dtype)
-            out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
+        sources = cache.row_sources(self._chunks, idx) if cache is not None else None
+        if sources is None:
+            left = self.x[idx].to(self.dtype)
+        out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
+        if not len(idx):
+            return out
+        if sources and not (len(sources) == 1 and sources[0][2] is None):
+            # the kept rows are gathered a chunk of columns at a time into one buffer (stays in cache) and
+            # the kernel written from it: no gathered copy of whole rows, whose fresh pages cost more than the copy
+            chunk_buffer = out.new_empty(len(idx) * self._chunks.step)
         integer = self._integer_counts()
         if integer and self.indicators:
             factor *= math.prod(g * g for g in self.gammas)
@@ -576,10 +610,13 @@ class PathKernelColumns:
         zero = torch.zeros((), dtype=self.dtype, device=self.x.device)
         for cols in self._chunks.ranges(start, stop):
             block = out[:, cols.start - start:cols.stop - start]
-            if input_gram is None:
+            if sources is None:
                 gram = torch.mm(left, self._chunks(cols).T, out=block)
-            else:  # the cache's rows: read in place, or (its own block) into `out`
-                gram = block if out is input_gram else input_gram[:, cols]
+            elif len(sources) == 1 and sources[0][2] is None:  # exactly one of the cache's blocks: read in place
+                gram = sources[0][1][:, cols]
+            else:
+                width = cols.stop - cols.start
+                gram = gather_rows(sources, len(idx), cols, chunk_buffer[:len(idx) * width].view(len(idx), width))
             if integer and self.indicators:
                 counts = None
                 for left_p, right in zip(lefts, rights):

@@ -417,3 +417,40 @@ def test_degenerate_margin_sample_is_not_a_support_vector():
     result = max_margin(x @ x.T, np.ones(4))
     np.testing.assert_allclose(result.alpha_, [4 / 15, 0, 0, 8 / 15], rtol=1e-12, atol=1e-12)
     assert result.support_.tolist() == [0, 3]  # it reported [0, 2, 3] with alpha_[2] = 2.2e-16 (rounding)
+
+
+@settings(max_examples=examples(60), **PROFILE)
+@given(st.data(), st.sampled_from([1, 2, 3, 64]), st.sampled_from([3, 7, None]))
+def test_input_gram_cache_serves_exact_rows_through_requests_and_keeps(data, compact_rows, chunk_rows):
+    """Random requests (repeats, orders, kept and new rows) and keeps: every row served equals ``X Xᵀ``, kernel
+    rows through the cache equal those without it, and a keep holds at most twice the kept rows' memory."""
+    from lightning_nsv import path_space
+    from lightning_nsv.path_space import InputGramCache, PathKernelColumns
+
+    m, f = data.draw(st.integers(5, 30), label="m"), 3
+    x = torch.randn(m, f, dtype=torch.float64, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    gram = (x @ x.T).numpy()
+    slopes = [(torch.arange(m * 2).reshape(m, 2) % 3 == 0).double()]  # one layer of 2 ReLU-type units
+    old_compact, old_chunk = path_space.COMPACT_ROWS, path_space.INPUT_CHUNK_BYTES
+    path_space.COMPACT_ROWS = compact_rows
+    if chunk_rows:
+        path_space.INPUT_CHUNK_BYTES = chunk_rows * f * 8
+    try:
+        cache = InputGramCache()
+        cached = PathKernelColumns(x, slopes, [0.0], [1.0], input_gram_cache=cache)
+        plain = PathKernelColumns(x, slopes, [0.0], [1.0])
+        samples = st.lists(st.integers(0, m - 1), max_size=2 * m)
+        for _ in range(data.draw(st.integers(1, 6), label="steps")):
+            idx = torch.tensor(data.draw(samples, label="request"), dtype=torch.long)
+            np.testing.assert_allclose(cache.rows(x, idx).numpy(), gram[idx.numpy()], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(cached.rows(idx).numpy(), plain.rows(idx).numpy(), rtol=0, atol=1e-12)
+            if data.draw(st.booleans(), label="keep"):
+                kept = torch.tensor(data.draw(samples, label="kept"), dtype=torch.long)
+                expected = sorted(set(kept.tolist()) & set(cache.samples.tolist()))
+                cache.keep(kept)
+                assert sorted(cache.samples.tolist()) == expected and len(cache) == len(expected)
+                assert cache.nbytes <= 8 * m * 2 * len(expected)
+                held = cache.samples
+                np.testing.assert_allclose(cache.rows(x, held).numpy(), gram[held.numpy()], rtol=0, atol=1e-12)
+    finally:
+        path_space.COMPACT_ROWS, path_space.INPUT_CHUNK_BYTES = old_compact, old_chunk

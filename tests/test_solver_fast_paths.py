@@ -24,10 +24,14 @@ def test_kernel_columns_equal_the_dense_kernel(bias, beta):
     np.testing.assert_allclose(columns.numpy(idx), dense[:, idx].numpy(), rtol=1e-14, atol=1e-14 * float(dense.max()))
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 7])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("bias, beta, gamma", [(False, 0.0, 1.0), (False, 0.0, 1.5), (True, 0.0, 1.0),
                                                (False, 0.1, 1.0), (True, -1.0, 1.0)])
-def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact(bias, beta, gamma, cached):
+def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact(monkeypatch, bias, beta, gamma,
+                                                                                  cached, chunk_rows):
+    if chunk_rows:  # columns formed 7 samples at a time (the last chunk narrower): kept rows gathered per chunk
+        monkeypatch.setattr("lightning_nsv.path_space.INPUT_CHUNK_BYTES", chunk_rows * 6 * 8)
     net = random_net((5, 4, 3), in_features=6, beta=beta, bias=bias, gamma=gamma, seed=2)
     x = torch.randn(80, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     _, layer_slopes = forward_with_slopes(net, x)
@@ -36,9 +40,9 @@ def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact
     columns = PathKernelColumns(x, layer_slopes, net.betas, net.gammas, bias=bias, input_gram_cache=cache)
     y = np.where(np.random.default_rng(4).random(80) < 0.5, -1.0, 1.0)
     scale = 3.7
-    # new rows (the cache's own block), the same rows again, rows from several blocks, one of them new, then one
-    # kept row among nine new ones (recomputed with them)
-    for idx in (np.array([5, 0, 79]), np.array([5, 0, 79]), np.array([79, 12, 5, 40, 0]),
+    # new rows (the cache's own block), the same rows again, some of them in another order and repeated, rows from
+    # several blocks, one of them new, then one kept row among nine new ones (recomputed with them)
+    for idx in (np.array([5, 0, 79]), np.array([5, 0, 79]), np.array([79, 5, 79]), np.array([79, 12, 5, 40, 0]),
                 np.array([60, 61, 62, 63, 64, 65, 66, 67, 68, 12])):
         expected = dense[:, idx] * y[:, None] * y[idx][None, :] / scale
         got = columns.signed_columns(idx, y, scale)
@@ -113,23 +117,24 @@ def test_input_gram_cache_between_analyses_gives_the_cold_solution(bias, beta):
 
 
 @pytest.mark.parametrize("explicit", [False, True])
-def test_a_warm_start_reads_the_previous_support_from_the_cache_in_place(monkeypatch, explicit):
-    """The previous support is fetched as one block in the order of the cache's rows (given as ``initial`` in any
-    order, or taken from the cache), which serves it without a copy; the solution is the cold one."""
+def test_a_warm_start_reads_the_previous_support_from_the_cache(monkeypatch, explicit):
+    """The previous support (given as ``initial`` in any order, or taken from the cache) is fetched in the order of
+    the cache's rows, which serves it as its own block (read in place, none computed again); the cold solution."""
     net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=6)
     x, y = self_labelled(net, 400, seed=7)
     cache = InputGramCache()
     first = network_support_vectors(net, x, y, cache=cache).svm
     cache.keep(torch.from_numpy(first.support_[::-1].copy()))  # rows kept in another order than the indices
     served = []
-    rows_view = InputGramCache.rows_view
+    row_sources = InputGramCache.row_sources
 
     def recording(self, chunks, idx):
-        view = rows_view(self, chunks, idx)
-        served.append(self.shares(view))
-        return view
+        misses = self.misses
+        sources = row_sources(self, chunks, idx)
+        served.append(self.misses == misses and len(sources) == 1 and sources[0][2] is None)
+        return sources
 
-    monkeypatch.setattr(InputGramCache, "rows_view", recording)
+    monkeypatch.setattr(InputGramCache, "row_sources", recording)
     initial = np.random.default_rng(0).permutation(first.support_) if explicit else None
     warm = network_support_vectors(net, x, y, cache=cache, initial=initial).svm
     assert served[0]  # the whole previous support, straight from the cache's block
