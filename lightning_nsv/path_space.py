@@ -385,9 +385,8 @@ class InputGramCache:
         sources = self.row_sources(chunks, idx)
         if not len(idx):
             return chunks.x.new_empty(0, chunks.x.shape[0], dtype=chunks.dtype)
-        if len(sources) == 1 and sources[0][2] is None:
-            return sources[0][1]
-        return gather_rows(sources, len(idx), slice(None))
+        whole = whole_block(sources)
+        return whole if whole is not None else gather_rows(sources, len(idx), slice(None))
 
     def row_sources(self, chunks: _InputChunks, idx: Tensor) -> list[tuple[Tensor | None, Tensor, Tensor | None]]:
         """Where the rows ``(X Xᵀ)[idx, :]`` are, after the missing ones are computed and kept: ``(positions,
@@ -491,20 +490,24 @@ class InputGramCache:
         return sources
 
 
-def gather_rows(sources: list[tuple[Tensor | None, Tensor, Tensor | None]], count: int, cols: slice,
+def whole_block(sources: list[tuple[Tensor | None, Tensor, Tensor | None]]) -> Tensor | None:
+    """The cache's block when :meth:`InputGramCache.row_sources` found the rows to be exactly one whole block, in
+    order (read it in place), else ``None``."""
+    return sources[0][1] if len(sources) == 1 and sources[0][2] is None else None
+
+
+def gather_rows(sources: list[tuple[Tensor | None, Tensor, Tensor]], count: int, cols: slice,
                 out: Tensor | None = None) -> Tensor:
-    """Columns ``cols`` of the ``count`` rows that :meth:`InputGramCache.row_sources` located, copied into ``out``
-    (a new ``(count, width)`` tensor when ``None``; contiguous)."""
+    """Columns ``cols`` of the ``count`` rows that :meth:`InputGramCache.row_sources` located (not a
+    :func:`whole_block`: read that in place), copied into ``out`` (a new ``(count, width)`` tensor when ``None``;
+    contiguous)."""
     first = sources[0][1]
     width = len(range(first.shape[1])[cols])
     out = first.new_empty(count, width) if out is None else out
     for positions, block, rows in sources:
         part = block[:, cols]
         if positions is None:
-            if rows is None:
-                out.copy_(part)
-            else:
-                torch.index_select(part, 0, rows, out=out)
+            torch.index_select(part, 0, rows, out=out)
         else:
             out.index_copy_(0, positions, part.index_select(0, rows))
     return out
@@ -596,7 +599,8 @@ class PathKernelColumns:
         out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
         if not len(idx):
             return out
-        if sources and not (len(sources) == 1 and sources[0][2] is None):
+        whole = None if sources is None else whole_block(sources)
+        if sources is not None and whole is None:
             # the kept rows are gathered a chunk of columns at a time into one buffer (stays in cache) and
             # the kernel written from it: no gathered copy of whole rows, whose fresh pages cost more than the copy
             chunk_buffer = out.new_empty(len(idx) * self._chunks.step)
@@ -612,8 +616,8 @@ class PathKernelColumns:
             block = out[:, cols.start - start:cols.stop - start]
             if sources is None:
                 gram = torch.mm(left, self._chunks(cols).T, out=block)
-            elif len(sources) == 1 and sources[0][2] is None:  # exactly one of the cache's blocks: read in place
-                gram = sources[0][1][:, cols]
+            elif whole is not None:  # exactly one of the cache's blocks: read in place
+                gram = whole[:, cols]
             else:
                 width = cols.stop - cols.start
                 gram = gather_rows(sources, len(idx), cols, chunk_buffer[:len(idx) * width].view(len(idx), width))
