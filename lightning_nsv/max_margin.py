@@ -292,20 +292,48 @@ class _DenseColumns:
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
-    outnumber 1/16 of the members (64 at least) and take over 64 MiB. Memory ``8·n`` bytes per stored column: the
+    outnumber 1/16 of the members (64 at least) and take over 64 MiB, and a sample fetched again meanwhile (one that
+    left F and re-enters it) is copied from there instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored column: the
     members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
         self.q_columns = q_columns
         self.n = n
         self._blocks: list[np.ndarray] = []  # (n, b) arrays of columns of Q
+        self._samples: list[np.ndarray] = []  # the sample of each column of each block
         self._where: list[tuple[int, int]] = []  # (block, column) of member k
+        self.reused = 0  # columns served from dead ones instead of asked of q_columns
 
     def fetch(self, new: np.ndarray) -> _DenseColumns:
-        return _DenseColumns(new, self.q_columns(new))
+        return _DenseColumns(*self._fetched(new))
+
+    def _fetched(self, new: np.ndarray):
+        """``(order, Q[:, order])`` for ``order`` the samples ``new``, those that left F but whose columns are still
+        stored (dead) first, copied, then the others, asked of ``q_columns`` in their order: a sample that re-enters F
+        costs no new kernel column."""
+        new = np.asarray(new, dtype=np.int64)
+        dead = self._dead_columns()
+        found = [k for k, j in enumerate(new.tolist()) if j in dead]
+        if not found:
+            return new, self.q_columns(new)
+        self.reused += len(found)
+        rest = np.setdiff1d(np.arange(len(new)), found)
+        parts = [self._columns_of(self._blocks[b], [c]) for b, c in (dead[int(new[k])] for k in found)]
+        if len(rest):
+            parts.append(self.q_columns(new[rest]))
+        return new[np.concatenate([np.asarray(found, dtype=np.int64), rest])], self._joined(parts)
+
+    def _dead_columns(self) -> dict[int, tuple[int, int]]:
+        """``sample -> (block, column)`` of the stored columns of samples outside F."""
+        if len(self._where) == sum(len(s) for s in self._samples):
+            return {}
+        live = set(self._where)
+        return {int(j): (b, c) for b, samples in enumerate(self._samples) for c, j in enumerate(samples.tolist())
+                if (b, c) not in live}
 
     def admit(self, columns: _DenseColumns) -> None:
         self._blocks.append(columns.cols)
+        self._samples.append(np.asarray(columns.new, dtype=np.int64).copy())
         self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
         if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
             self._merge_narrow()
@@ -315,11 +343,12 @@ class _ColumnStore:
         :meth:`q_times`: single columns admitted one by one, e.g. on near-duplicate samples, would make it a loop)."""
         live = self._live_columns()
         narrow = [b for b, block in enumerate(self._blocks) if block.shape[1] < NARROW_BLOCK]
-        renumber, blocks, parts, width = {}, [], [], 0
+        renumber, blocks, samples, parts, merged_samples, width = {}, [], [], [], [], 0
         for b, block in enumerate(self._blocks):
             if block.shape[1] >= NARROW_BLOCK:
                 renumber.update({(b, c): (len(blocks), c) for c in live.get(b, [])})
                 blocks.append(block)
+                samples.append(self._samples[b])
         merged = len(blocks)
         for b in narrow:
             columns = live.get(b, [])
@@ -327,9 +356,11 @@ class _ColumnStore:
             width += len(columns)
             if columns:
                 parts.append(self._columns_of(self._blocks[b], columns))
+                merged_samples.append(self._samples[b][columns])
         if parts:
             blocks.append(self._joined(parts))
-        self._blocks = blocks
+            samples.append(np.concatenate(merged_samples))
+        self._blocks, self._samples = blocks, samples
         self._where = [renumber[w] for w in self._where]
 
     @staticmethod
@@ -372,7 +403,7 @@ class _ColumnStore:
     def _compact(self) -> None:
         """Drop dead columns, one block at a time (memory peaks at one block more)."""
         live = self._live_columns()
-        renumber, blocks = {}, []
+        renumber, blocks, samples = {}, [], []
         for b, block in enumerate(self._blocks):
             if b not in live:
                 continue
@@ -381,7 +412,8 @@ class _ColumnStore:
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
             blocks.append(kept)
-        self._blocks = blocks
+            samples.append(self._samples[b][columns])
+        self._blocks, self._samples = blocks, samples
         self._where = [renumber[w] for w in self._where]
 
 
@@ -606,7 +638,7 @@ class _DeviceColumnStore(_ColumnStore):
         self.device = device
 
     def fetch(self, new: np.ndarray) -> _DeviceColumns:
-        return _DeviceColumns(new, self.q_columns(new))
+        return _DeviceColumns(*self._fetched(new))
 
     def _times(self, weights: list[np.ndarray]) -> np.ndarray:
         out = torch.zeros(self.n, dtype=torch.float64, device=self.device)

@@ -247,3 +247,47 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
         np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
                                    atol=1e-12 * np.abs(gram).max() * alpha.sum())
     assert len(store._blocks) < 40  # without merging: one block per admission, about 140
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device):
+    """A member removed from F keeps its column in the store until a compaction: fetched again, it is copied from
+    there and not asked of ``q_columns``; the fetched columns are those of the samples, whatever their order."""
+    import torch
+
+    from lightning_nsv.max_margin import _ColumnStore, _DeviceColumnStore, _DeviceFreeSet, _FreeSet
+
+    rng = np.random.default_rng(3)
+    m = 300
+    a = rng.standard_normal((m, 2 * m))
+    gram = a @ a.T
+    asked = []
+
+    def q_columns(idx):
+        asked.append(np.asarray(idx).copy())
+        return torch.from_numpy(gram[:, idx].copy()) if on_device else np.asfortranarray(gram[:, idx])
+
+    store = _DeviceColumnStore(q_columns, m, torch.device("cpu")) if on_device else _ColumnStore(q_columns, m)
+    free = (_DeviceFreeSet if on_device else _FreeSet)(store)
+    removed = set()
+    for step in range(120):
+        outside = np.setdiff1d(np.arange(m), free.index)
+        if len(free) > 20 and (rng.random() < 0.4 or len(free) > m // 2):
+            positions = rng.choice(len(free), int(rng.integers(1, 6)), replace=False)
+            removed |= {free.index[p] for p in positions}
+            free.remove(positions)
+            continue
+        back = sorted(removed - set(free.index))
+        pool = np.array(back) if back and rng.random() < 0.5 else outside
+        wanted = rng.choice(pool, min(int(rng.integers(1, 12)), len(pool)), replace=False)
+        dead = set(store._dead_columns())
+        asked.clear()
+        columns = free.fetch(wanted)
+        assert sorted(columns.new.tolist()) == sorted(wanted.tolist())
+        np.testing.assert_array_equal(np.asarray(columns.cols), gram[:, columns.new])
+        assert sorted(np.concatenate(asked).tolist() if asked else []) == sorted(set(wanted.tolist()) - dead)
+        assert free.try_add(columns)
+        alpha = rng.random(len(free))
+        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
+                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+    assert store.reused > 20
