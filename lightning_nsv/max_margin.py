@@ -122,7 +122,7 @@ def max_margin(
 ) -> MaxMarginResult:
     """Max-margin classifier on a precomputed kernel.
 
-    Cost without intercept: one kernel column per sample that ever enters the free set, ``O(m·s)`` memory
+    Cost without intercept: at most one kernel column per sample that enters the free set, ``O(m·s)`` memory
     for those columns and ``O(s²)`` per step for the Cholesky factor, ``s`` the number of support vectors.
     With intercept, scikit-learn needs the dense ``m×m`` kernel.
 
@@ -131,7 +131,9 @@ def max_margin(
             (then ``kernel_diag`` is required). A function object with a method ``signed_columns(idx, y, scale)``
             (e.g. :class:`~lightning_nsv.path_space.PathKernelColumns`) gives the solver's columns
             ``y_i y_j K_ij / scale`` itself, Fortran-ordered float64; they are then taken as finite (a Gram
-            matrix with the finite diagonal checked here).
+            matrix with the finite diagonal checked here). With a method ``signed_block(idx, y, scale)`` too
+            (``Q[idx, idx]``), the numpy solver admits candidates from that block and the members' stored columns
+            and forms full columns only for those still free when the margins are next needed.
         y: labels in ``{-1, +1}``.
         kernel_diag: ``diag(K)`` when ``kernel`` is a function.
         intercept: ``False`` for the hyperplane through the origin (exact); ``True`` for ``SVC`` with intercept.
@@ -289,6 +291,28 @@ class _DenseColumns:
         return _DenseColumns(self.new[k:k + 1], self.cols[:, k:k + 1].copy(order="F"))
 
 
+PENDING = -1  # the block of a member admitted lazily, before its column is formed
+
+
+class _LazyColumns:
+    """``Q[rows, new]`` of a block of candidates for ``rows`` the members of F when they were fetched and ``new``
+    itself: all that admitting them and the descent after it read. Their full columns are formed only for those
+    still in F when ``Q[:, F] α`` is next needed (:meth:`_ColumnStore.q_times`): a candidate that the descent drops
+    again at once costs no kernel column. ``full``: columns ``Q[:, new[k]]`` already at hand (a stored dead one)."""
+
+    def __init__(self, new: np.ndarray, sub: np.ndarray, position: np.ndarray, full: dict[int, np.ndarray]) -> None:
+        self.new, self.sub, self._position, self.full = new, sub, position, full
+
+    def take(self, rows) -> np.ndarray:
+        """``Q[rows, new]`` (``rows`` among the members at the fetch and ``new``)."""
+        return self.sub[self._position[np.asarray(rows, dtype=np.int64)]]
+
+    def single(self, k: int) -> "_LazyColumns":
+        j = int(self.new[k])
+        return _LazyColumns(self.new[k:k + 1], self.sub[:, k:k + 1], self._position,
+                            {j: self.full[j]} if j in self.full else {})
+
+
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
@@ -296,16 +320,62 @@ class _ColumnStore:
     left F and re-enters it) is copied from there instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored column: the
     members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
 
-    def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int) -> None:
+    def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int,
+                 q_block: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.q_columns = q_columns
+        self.q_block = q_block  # idx -> Q[idx, idx]: with it, candidates are fetched lazily (_LazyColumns)
         self.n = n
         self._blocks: list[np.ndarray] = []  # (n, b) arrays of columns of Q
         self._samples: list[np.ndarray] = []  # the sample of each column of each block
-        self._where: list[tuple[int, int]] = []  # (block, column) of member k
+        self._where: list[tuple[int, int]] = []  # (block, column) of member k; (PENDING, sample): no column yet
         self.reused = 0  # columns served from dead ones instead of asked of q_columns
+        self.skipped = 0  # candidates admitted lazily that left F before their column was formed
 
-    def fetch(self, new: np.ndarray) -> _DenseColumns:
-        return _DenseColumns(*self._fetched(new))
+    def fetch(self, new: np.ndarray, members: list[int] | None = None):
+        """The columns of candidates ``new``: full (:class:`_DenseColumns`), or with ``q_block`` and the members of F
+        (``members``) given, :class:`_LazyColumns`."""
+        if self.q_block is None or members is None:
+            return _DenseColumns(*self._fetched(new))
+        self._complete()
+        new = np.asarray(new, dtype=np.int64)
+        members = np.asarray(members, dtype=np.int64)
+        n, b = len(members), len(new)
+        sub = np.empty((n + b, b))
+        for block, rows_of_block, positions in self._member_columns():
+            sub[positions] = block[new][:, rows_of_block].T  # Q[member, new] = Q[new, member]
+        sub[n:] = self.q_block(new)
+        position = np.full(self.n, -1, dtype=np.int64)
+        position[members], position[new] = np.arange(n), n + np.arange(b)
+        dead = self._dead_columns()
+        full = {int(j): self._columns_of(self._blocks[dead[int(j)][0]], [dead[int(j)][1]]) for j in new
+                if int(j) in dead}
+        self.reused += len(full)
+        return _LazyColumns(new, sub, position, full)
+
+    def _member_columns(self):
+        """``(block, columns, member positions)`` of each block holding live members' columns."""
+        by_block: dict[int, tuple[list[int], list[int]]] = {}
+        for k, (b, c) in enumerate(self._where):
+            columns, positions = by_block.setdefault(b, ([], []))
+            columns.append(c)
+            positions.append(k)
+        return [(self._blocks[b], columns, positions) for b, (columns, positions) in by_block.items()]
+
+    def _complete(self) -> None:
+        """Form the full columns of the members admitted lazily (one call of ``q_columns``)."""
+        pending = [k for k, (b, _) in enumerate(self._where) if b == PENDING]
+        if not pending:
+            return
+        samples = np.array([self._where[k][1] for k in pending], dtype=np.int64)
+        order, cols = self._fetched(samples)
+        at = {int(j): c for c, j in enumerate(order)}
+        self._blocks.append(cols)
+        self._samples.append(order.copy())
+        block = len(self._blocks) - 1
+        for k in pending:
+            self._where[k] = (block, at[self._where[k][1]])
+        if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
+            self._merge_narrow()
 
     def _fetched(self, new: np.ndarray):
         """``(order, Q[:, order])`` for ``order`` the samples ``new``, those that left F but whose columns are still
@@ -325,13 +395,23 @@ class _ColumnStore:
 
     def _dead_columns(self) -> dict[int, tuple[int, int]]:
         """``sample -> (block, column)`` of the stored columns of samples outside F."""
-        if len(self._where) == sum(len(s) for s in self._samples):
+        live = {w for w in self._where if w[0] != PENDING}
+        if len(live) == sum(len(s) for s in self._samples):
             return {}
-        live = set(self._where)
         return {int(j): (b, c) for b, samples in enumerate(self._samples) for c, j in enumerate(samples.tolist())
                 if (b, c) not in live}
 
-    def admit(self, columns: _DenseColumns) -> None:
+    def admit(self, columns) -> None:
+        if isinstance(columns, _LazyColumns):  # entries in the order of columns.new, as the members'
+            new = columns.new.tolist()
+            at_hand = [j for j in new if j in columns.full]
+            if at_hand:
+                self._blocks.append(self._joined([columns.full[j] for j in at_hand]))
+                self._samples.append(np.asarray(at_hand, dtype=np.int64))
+            column = {j: c for c, j in enumerate(at_hand)}
+            block = len(self._blocks) - 1
+            self._where += [(block, column[j]) if j in column else (PENDING, j) for j in new]
+            return
         self._blocks.append(columns.cols)
         self._samples.append(np.asarray(columns.new, dtype=np.int64).copy())
         self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
@@ -361,7 +441,7 @@ class _ColumnStore:
             blocks.append(self._joined(parts))
             samples.append(np.concatenate(merged_samples))
         self._blocks, self._samples = blocks, samples
-        self._where = [renumber[w] for w in self._where]
+        self._where = [w if w[0] == PENDING else renumber[w] for w in self._where]
 
     @staticmethod
     def _joined(parts: list[np.ndarray]) -> np.ndarray:
@@ -370,6 +450,7 @@ class _ColumnStore:
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] @ alpha`` (numpy's gemv: torch's on these Fortran-ordered blocks measured 2–4× less accurate,
         which the KKT residual of the solution shows)."""
+        self._complete()
         weights = [np.zeros(block.shape[1]) for block in self._blocks]
         for (b, c), a in zip(self._where, alpha):
             weights[b][c] = a
@@ -387,6 +468,8 @@ class _ColumnStore:
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""
+        kept_set = set(np.asarray(kept).tolist())
+        self.skipped += sum(1 for k, (b, _) in enumerate(self._where) if b == PENDING and k not in kept_set)
         self._where = [self._where[k] for k in kept]
         stored = sum(block.shape[1] for block in self._blocks)
         dead_allowed = max(DEAD_COLUMNS_MIN, DEAD_BYTES_MIN // (8 * max(self.n, 1)), members // DEAD_COLUMNS_SHARE)
@@ -397,7 +480,8 @@ class _ColumnStore:
         """The members' columns in each block that holds any, ascending."""
         live: dict[int, list[int]] = {}
         for b, c in self._where:
-            live.setdefault(b, []).append(c)
+            if b != PENDING:
+                live.setdefault(b, []).append(c)
         return {b: sorted(columns) for b, columns in live.items()}
 
     def _compact(self) -> None:
@@ -414,7 +498,7 @@ class _ColumnStore:
             blocks.append(kept)
             samples.append(self._samples[b][columns])
         self._blocks, self._samples = blocks, samples
-        self._where = [renumber[w] for w in self._where]
+        self._where = [w if w[0] == PENDING else renumber[w] for w in self._where]
 
 
 class _PairColumns:
@@ -513,6 +597,8 @@ class _FreeSet:
         return self._chol
 
     def fetch(self, new: np.ndarray):
+        if getattr(self.store, "q_block", None) is not None:
+            return self.store.fetch(new, self.index)
         return self.store.fetch(new)
 
     def q_times(self, alpha: np.ndarray) -> np.ndarray:
@@ -736,8 +822,11 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None, i
         cols *= (y[idx] / scale)[None, :]
         return cols
 
+    signed_block = getattr(kernel_columns, "signed_block", None)
+    q_block = None if signed_block is None else (lambda idx: signed_block(idx, y, scale))
     with single_threaded_blas():
-        return _active_set_loop(_ColumnStore(q_columns, m), y, scale, tol, max_iter, initial, None, initial_block)
+        return _active_set_loop(_ColumnStore(q_columns, m, q_block), y, scale, tol, max_iter, initial, None,
+                                initial_block)
 
 
 def _device_q_columns(kernel_columns, y: np.ndarray, scale: float, device: torch.device):

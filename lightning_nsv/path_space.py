@@ -434,6 +434,10 @@ class InputGramCache:
                 out[positions] = block[:, samples][slots[positions] - start]
         return out
 
+    def holds(self, samples: Tensor) -> bool:
+        """Whether the rows of all ``samples`` are kept."""
+        return self._slot is not None and bool((self._slot[samples] >= 0).all())
+
     def shares(self, rows: Tensor) -> bool:
         """Whether ``rows`` is one of the cache's own blocks (to be read, not written)."""
         return any(rows.data_ptr() == block.data_ptr() for block in self._blocks)
@@ -644,6 +648,22 @@ class PathKernelColumns:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order: what the active-set solver
         of :func:`~lightning_nsv.max_margin.max_margin` asks for (labels ``s`` in ``±1``)."""
         return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
+
+    def signed_block(self, idx, signs, scale: float) -> np.ndarray:
+        """``Q[idx, idx] = (s sᵀ ∘ K)[idx, idx] / scale``, float64 numpy: what the active-set solver needs of candidates
+        before it forms their full columns (:meth:`signed_columns`). Cost ``O(b²·(f + Σ Ω_l))``; the input Gram is read
+        from the cache when it keeps the rows of all of ``idx``."""
+        device = self.x.device
+        idx = as_tensor_on(idx, torch.long, device)
+        cache = self.input_gram_cache
+        if cache is not None and cache.holds(idx):
+            gram = cache.gram_among(idx)
+        else:
+            left = self.x[idx].to(self.dtype)
+            gram = left @ left.T
+        kernel = _combine(gram, [self.slope_gram(k, idx, idx) for k in range(len(self.indicators))], self.bias)
+        s = as_tensor_on(signs, self.dtype, device)[idx]
+        return (kernel * (s[:, None] * s[None, :]) / scale).to("cpu", torch.float64).numpy()
 
     def signed_rows(self, idx, signs, scale: float, part: slice | None = None) -> Tensor:
         """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""

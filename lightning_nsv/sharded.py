@@ -64,6 +64,10 @@ class ShardedKernelColumns:
         """``Q[:, idx]`` as :meth:`PathKernelColumns.signed_columns` gives it, computed by all ranks (root only)."""
         return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
 
+    def signed_block(self, idx, signs, scale: float) -> np.ndarray:
+        """``Q[idx, idx]`` (:meth:`PathKernelColumns.signed_block`), on the root alone: ``b²`` entries."""
+        return self.columns.signed_block(idx, signs, scale)
+
     def signed_rows(self, idx, signs, scale: float) -> Tensor:
         """``Q[:, idx]ᵀ``, shape ``(len(idx), m)``, on the group's message device (root only)."""
         if self.rank != self.root:

@@ -291,3 +291,45 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
         np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
                                    atol=1e-12 * np.abs(gram).max() * alpha.sum())
     assert store.reused > 20
+
+
+def test_lazy_candidates_read_their_entries_from_the_members_and_form_columns_only_for_those_kept():
+    """With ``q_block`` the store fetches ``Q[F ∪ new, new]`` (members' rows from their stored columns, the block of
+    the candidates from ``q_block``) and forms full columns at the next ``Q[:, F] α`` only for candidates still in
+    F and without a stored dead column: one removed before it is never asked of ``q_columns``."""
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet, _LazyColumns
+
+    rng = np.random.default_rng(4)
+    m = 300
+    a = rng.standard_normal((m, 2 * m))
+    gram = a @ a.T
+    asked = []
+
+    def q_columns(idx):
+        asked.extend(np.asarray(idx).tolist())
+        return np.asfortranarray(gram[:, idx])
+
+    store = _ColumnStore(q_columns, m, q_block=lambda idx: gram[np.ix_(idx, idx)])
+    free = _FreeSet(store)
+    skipped = 0
+    for step in range(80):
+        outside = np.setdiff1d(np.arange(m), free.index)
+        wanted = rng.choice(outside, int(rng.integers(1, 10)), replace=False)
+        columns = free.fetch(wanted)
+        assert isinstance(columns, _LazyColumns)
+        rows = np.concatenate([np.asarray(free.index, dtype=np.int64), columns.new])
+        np.testing.assert_array_equal(columns.take(rows), gram[np.ix_(rows, columns.new)])
+        assert free.try_add(columns)
+        just_dropped = set()
+        if len(free) > 20 and (rng.random() < 0.5 or len(free) > m // 2):
+            positions = rng.choice(len(free), int(rng.integers(1, 6)), replace=False)
+            just_dropped = {free.index[p] for p in positions} & set(columns.new.tolist())
+            free.remove(positions)
+        skipped += len(just_dropped - set(columns.full))
+        before = len(asked)
+        alpha = rng.random(len(free))
+        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
+                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+        # the others: in F, and not at hand as a stored dead column
+        assert sorted(asked[before:]) == sorted(set(columns.new.tolist()) - just_dropped - set(columns.full))
+    assert store.skipped == skipped > 0

@@ -448,3 +448,40 @@ def test_a_warm_start_admits_the_pruned_previous_support(monkeypatch):
     np.testing.assert_array_equal(warm.support_, cold.support_)
     np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
     assert set(admitted[0]) < set(previous.tolist())  # pruned: a proper subset
+
+
+@pytest.mark.parametrize("bias, beta, cached", [(False, 0.0, False), (True, 0.1, False), (False, 0.0, True)])
+def test_lazy_candidates_give_the_solution_of_full_columns_with_fewer_columns(bias, beta, cached):
+    """The solver fetches candidates through ``signed_block`` and forms full columns only for those the descent
+    keeps: the same support and α as full columns for every candidate, and fewer columns formed."""
+    net = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=4)
+    x, y = self_labelled(net, 400, seed=5)
+    x = x.reshape(len(x), -1).to(torch.float64)
+    signs = signed_labels(y).numpy()
+    slopes = forward_with_slopes(net, x)[1]
+
+    class Counted:
+        def __init__(self, lazy):
+            self.columns = PathKernelColumns(x, slopes, net.betas, net.gammas, bias=bias,
+                                             input_gram_cache=InputGramCache() if cached else None)
+            self.asked = 0
+            if lazy:
+                self.signed_block = self.columns.signed_block
+
+        def __call__(self, idx):
+            return self.columns(idx)
+
+        def signed_columns(self, idx, s, scale):
+            self.asked += len(idx)
+            return self.columns.signed_columns(idx, s, scale)
+
+    diag = np.diag(path_kernel(x, slopes, bias=bias).numpy())
+    full, lazy = Counted(False), Counted(True)
+    reference = max_margin(full, signs, kernel_diag=diag)
+    result = max_margin(lazy, signs, kernel_diag=diag)
+    np.testing.assert_array_equal(result.support_, reference.support_)
+    np.testing.assert_allclose(result.alpha_, reference.alpha_, rtol=1e-9, atol=1e-9 * reference.alpha_.max())
+    assert result.kkt_residual <= 1e-10
+    assert 0 < lazy.asked < full.asked
+    dense = max_margin(path_kernel(x, slopes, bias=bias), signs)
+    np.testing.assert_array_equal(result.support_, dense.support_)
