@@ -305,7 +305,10 @@ class _LazyColumns:
 
     def take(self, rows) -> np.ndarray:
         """``Q[rows, new]`` (``rows`` among the members at the fetch and ``new``)."""
-        return self.sub[self._position[np.asarray(rows, dtype=np.int64)]]
+        positions = self._position[np.asarray(rows, dtype=np.int64)]
+        if len(positions) and positions.min() < 0:
+            raise RuntimeError("a row outside the members at the fetch and the candidates was asked of lazy columns")
+        return self.sub[positions]
 
     def single(self, k: int) -> "_LazyColumns":
         j = int(self.new[k])
@@ -317,8 +320,8 @@ class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
     outnumber 1/16 of the members (64 at least) and take over 64 MiB, and a sample fetched again meanwhile (one that
-    left F and re-enters it) is copied from there instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored column: the
-    members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
+    left F and re-enters it) is copied from there instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored
+    column: the members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int,
                  q_block: Callable[[np.ndarray], np.ndarray] | None = None) -> None:

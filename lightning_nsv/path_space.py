@@ -650,9 +650,9 @@ class PathKernelColumns:
         return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
-        """``Q[idx, idx] = (s sᵀ ∘ K)[idx, idx] / scale``, float64 numpy: what the active-set solver needs of candidates
-        before it forms their full columns (:meth:`signed_columns`). Cost ``O(b²·(f + Σ Ω_l))``; the input Gram is read
-        from the cache when it keeps the rows of all of ``idx``."""
+        """``Q[idx, idx] = (s sᵀ ∘ K)[idx, idx] / scale``, float64 numpy: what the active-set solver needs of
+        candidates before it forms their full columns (:meth:`signed_columns`). Cost ``O(b²·(f + Σ Ω_l))``; the input
+        Gram is read from the cache when it keeps the rows of all of ``idx``."""
         device = self.x.device
         idx = as_tensor_on(idx, torch.long, device)
         cache = self.input_gram_cache
