@@ -349,11 +349,7 @@ class _ColumnStore:
         sub[n:] = self.q_block(new)
         position = np.full(self.n, -1, dtype=np.int64)
         position[members], position[new] = np.arange(n), n + np.arange(b)
-        dead = self._dead_columns()
-        full = {int(j): self._columns_of(self._blocks[dead[int(j)][0]], [dead[int(j)][1]]) for j in new
-                if int(j) in dead}
-        self.reused += len(full)
-        return _LazyColumns(new, sub, position, full)
+        return _LazyColumns(new, sub, position, self._stored_dead(new))
 
     def _member_columns(self):
         """``(block, columns, member positions)`` of each block holding live members' columns."""
@@ -370,31 +366,41 @@ class _ColumnStore:
         if not pending:
             return
         samples = np.array([self._where[k][1] for k in pending], dtype=np.int64)
-        order, cols = self._fetched(samples)
-        at = {int(j): c for c, j in enumerate(order)}
-        self._blocks.append(cols)
-        self._samples.append(order.copy())
-        block = len(self._blocks) - 1
+        block = self._append_block(*self._fetched(samples))
+        at = {int(j): c for c, j in enumerate(self._samples[block])}
         for k in pending:
             self._where[k] = (block, at[self._where[k][1]])
-        if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
-            self._merge_narrow()
+        self._merge_if_narrow()
 
     def _fetched(self, new: np.ndarray):
         """``(order, Q[:, order])`` for ``order`` the samples ``new``, those that left F but whose columns are still
         stored (dead) first, copied, then the others, asked of ``q_columns`` in their order: a sample that re-enters F
         costs no new kernel column."""
         new = np.asarray(new, dtype=np.int64)
-        dead = self._dead_columns()
-        found = [k for k, j in enumerate(new.tolist()) if j in dead]
-        if not found:
+        copies = self._stored_dead(new)
+        if not copies:
             return new, self.q_columns(new)
-        self.reused += len(found)
-        rest = np.setdiff1d(np.arange(len(new)), found)
-        parts = [self._columns_of(self._blocks[b], [c]) for b, c in (dead[int(new[k])] for k in found)]
-        if len(rest):
-            parts.append(self.q_columns(new[rest]))
-        return new[np.concatenate([np.asarray(found, dtype=np.int64), rest])], self._joined(parts)
+        found = np.array([j for j in new.tolist() if j in copies], dtype=np.int64)
+        rest = np.array([j for j in new.tolist() if j not in copies], dtype=np.int64)
+        parts = [copies[j] for j in found.tolist()] + ([self.q_columns(rest)] if len(rest) else [])
+        return np.concatenate([found, rest]), self._joined(parts)
+
+    def _stored_dead(self, new: np.ndarray) -> dict[int, np.ndarray]:
+        """``sample -> Q[:, sample]`` copied from the stored dead columns of those of ``new`` that have one."""
+        dead = self._dead_columns()
+        copies = {j: self._columns_of(self._blocks[dead[j][0]], [dead[j][1]]) for j in new.tolist() if j in dead}
+        self.reused += len(copies)
+        return copies
+
+    def _append_block(self, samples: np.ndarray, cols) -> int:
+        """Store the columns ``cols`` of ``samples`` as a new block; its index."""
+        self._blocks.append(cols)
+        self._samples.append(np.asarray(samples, dtype=np.int64).copy())
+        return len(self._blocks) - 1
+
+    def _merge_if_narrow(self) -> None:
+        if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
+            self._merge_narrow()
 
     def _dead_columns(self) -> dict[int, tuple[int, int]]:
         """``sample -> (block, column)`` of the stored columns of samples outside F."""
@@ -408,18 +414,14 @@ class _ColumnStore:
         if isinstance(columns, _LazyColumns):  # entries in the order of columns.new, as the members'
             new = columns.new.tolist()
             at_hand = [j for j in new if j in columns.full]
-            if at_hand:
-                self._blocks.append(self._joined([columns.full[j] for j in at_hand]))
-                self._samples.append(np.asarray(at_hand, dtype=np.int64))
             column = {j: c for c, j in enumerate(at_hand)}
-            block = len(self._blocks) - 1
+            block = self._append_block(np.asarray(at_hand), self._joined([columns.full[j] for j in at_hand])) \
+                if at_hand else PENDING
             self._where += [(block, column[j]) if j in column else (PENDING, j) for j in new]
             return
-        self._blocks.append(columns.cols)
-        self._samples.append(np.asarray(columns.new, dtype=np.int64).copy())
-        self._where += [(len(self._blocks) - 1, c) for c in range(len(columns.new))]
-        if sum(block.shape[1] < NARROW_BLOCK for block in self._blocks) >= NARROW_BLOCKS:
-            self._merge_narrow()
+        block = self._append_block(columns.new, columns.cols)
+        self._where += [(block, c) for c in range(len(columns.new))]
+        self._merge_if_narrow()
 
     def _merge_narrow(self) -> None:
         """The live columns of the blocks narrower than :data:`NARROW_BLOCK` in one block (a product per block in

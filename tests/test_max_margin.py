@@ -215,6 +215,19 @@ def test_updates_and_downdates_in_place_give_the_factor_of_the_members(monkeypat
                                            atol=1e-9 * np.abs(gram).max())
 
 
+def random_gram(rng, m: int) -> np.ndarray:
+    """A full-rank ``m×m`` Gram matrix."""
+    a = rng.standard_normal((m, 2 * m))
+    return a @ a.T
+
+
+def assert_q_times_exact(free, gram: np.ndarray, rng) -> None:
+    """``Q[:, F] α`` of the free set equals that of ``gram`` for a random ``α >= 0``."""
+    alpha = rng.random(len(free))
+    np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
+                               atol=1e-12 * np.abs(gram).max() * alpha.sum())
+
+
 @pytest.mark.parametrize("on_device", [False, True])
 def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
     """Members admitted a column or a few at a time (as on near-duplicate samples) end up in few stored blocks;
@@ -226,8 +239,7 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
 
     rng = np.random.default_rng(2)
     m = 400
-    a = rng.standard_normal((m, 2 * m))
-    gram = a @ a.T
+    gram = random_gram(rng, m)
     if on_device:
         store = _DeviceColumnStore(lambda idx: torch.from_numpy(gram[:, idx].copy()), m, torch.device("cpu"))
         free = _DeviceFreeSet(store)
@@ -243,9 +255,7 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
             assert free.try_add(free.fetch(rng.choice(outside, min(width, len(outside)), replace=False)))
         narrow = sum(block.shape[1] < max_margin_module.NARROW_BLOCK for block in store._blocks)
         assert narrow < max_margin_module.NARROW_BLOCKS
-        alpha = rng.random(len(free))
-        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
-                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+        assert_q_times_exact(free, gram, rng)
     assert len(store._blocks) < 40  # without merging: one block per admission, about 140
 
 
@@ -259,8 +269,7 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
 
     rng = np.random.default_rng(3)
     m = 300
-    a = rng.standard_normal((m, 2 * m))
-    gram = a @ a.T
+    gram = random_gram(rng, m)
     asked = []
 
     def q_columns(idx):
@@ -287,9 +296,7 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
         np.testing.assert_array_equal(np.asarray(columns.cols), gram[:, columns.new])
         assert sorted(np.concatenate(asked).tolist() if asked else []) == sorted(set(wanted.tolist()) - dead)
         assert free.try_add(columns)
-        alpha = rng.random(len(free))
-        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
-                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+        assert_q_times_exact(free, gram, rng)
     assert store.reused > 20
 
 
@@ -301,8 +308,7 @@ def test_lazy_candidates_read_their_entries_from_the_members_and_form_columns_on
 
     rng = np.random.default_rng(4)
     m = 300
-    a = rng.standard_normal((m, 2 * m))
-    gram = a @ a.T
+    gram = random_gram(rng, m)
     asked = []
 
     def q_columns(idx):
@@ -327,9 +333,7 @@ def test_lazy_candidates_read_their_entries_from_the_members_and_form_columns_on
             free.remove(positions)
         skipped += len(just_dropped - set(columns.full))
         before = len(asked)
-        alpha = rng.random(len(free))
-        np.testing.assert_allclose(free.q_times(alpha), gram[:, free.index] @ alpha, rtol=1e-12,
-                                   atol=1e-12 * np.abs(gram).max() * alpha.sum())
+        assert_q_times_exact(free, gram, rng)
         # the others: in F, and not at hand as a stored dead column
         assert sorted(asked[before:]) == sorted(set(columns.new.tolist()) - just_dropped - set(columns.full))
     assert store.skipped == skipped > 0
