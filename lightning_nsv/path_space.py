@@ -235,6 +235,21 @@ def analysis_inputs(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype)
 
 
+# a copy of the inputs leaves out the features zero in every sample when they are at least this share of them
+ZERO_FEATURES_SHARE = 0.02
+
+
+def used_features(x: Tensor) -> Tensor:
+    """``x`` (2-d) without the features that are zero in every sample, when they are at least
+    :data:`ZERO_FEATURES_SHARE` of them (a new tensor), else ``x`` itself: every inner product between samples is
+    the same."""
+    used = (x != 0).any(0)
+    kept = int(used.sum())
+    if kept == 0 or kept > (1.0 - ZERO_FEATURES_SHARE) * x.shape[1]:
+        return x
+    return x.index_select(1, torch.nonzero(used)[:, 0])
+
+
 def _input_gram_rows(chunks: _InputChunks, idx: Tensor) -> Tensor:
     """``(X Xᵀ)[idx, :]`` in the dtype of ``chunks``."""
     left = chunks.x[idx].to(chunks.dtype)
@@ -525,9 +540,10 @@ class PathKernelColumns:
     ``G_l = (gamma − beta)² P_l P_lᵀ + beta(gamma − beta)(c_l,i + c_l,j) + beta² Ω_l``; the counts ``P_l P_lᵀ``
     are integers ``<= Ω_l`` and exact in float32 below ``2**24``, so ``G_l`` is exact up to float64 rounding.
     The input Gram ``X Xᵀ[:, idx]`` is computed in the analysis dtype ``dtype`` (default that of ``x``); inputs of
-    a narrower float dtype are converted once when the copy takes at most :data:`INPUT_COPY_BYTES`, else they stay
-    as given and are converted a chunk of rows at a time (exact either way). An :class:`InputGramCache` keeps its
-    rows between analyses of the same inputs.
+    a narrower float dtype are converted once when the copy takes at most :data:`INPUT_COPY_BYTES` (the copy leaves
+    out features that are zero in every sample, :func:`used_features`), else they stay as given and are converted
+    a chunk of rows at a time (exact either way). An :class:`InputGramCache` keeps its rows between analyses of the
+    same inputs.
     Each block of columns is formed a chunk of samples at a time (the products of a chunk stay in cache), with one
     conversion buffer per instance: do not call one instance from several threads at once. Everything runs on the
     device of ``x``.
@@ -555,7 +571,8 @@ class PathKernelColumns:
         self.counts = [p.sum(1).to(self.dtype) for p in self.indicators]
         converted = self.x.numel() * torch.finfo(self.dtype).bits // 8
         copy = self.x.dtype != self.dtype and converted <= INPUT_COPY_BYTES
-        self._chunks = _InputChunks(self.x.to(self.dtype) if copy else self.x, self.dtype)
+        # the converted copy leaves out the features that are zero in every sample (border pixels): the same X Xᵀ
+        self._chunks = _InputChunks(used_features(self.x).to(self.dtype) if copy else self.x, self.dtype)
         self.input_gram_cache = input_gram_cache
         if input_gram_cache is not None:
             input_gram_cache.attach(self.x, self.dtype)
@@ -599,7 +616,7 @@ class PathKernelColumns:
         stop = max(start, stop)
         sources = cache.row_sources(self._chunks, idx) if cache is not None else None
         if sources is None:
-            left = self.x[idx].to(self.dtype)
+            left = self._chunks.x[idx].to(self.dtype)
         out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
         if not len(idx):
             return out
@@ -659,7 +676,7 @@ class PathKernelColumns:
         if cache is not None and cache.holds(idx):
             gram = cache.gram_among(idx)
         else:
-            left = self.x[idx].to(self.dtype)
+            left = self._chunks.x[idx].to(self.dtype)
             gram = left @ left.T
         kernel = _combine(gram, [self.slope_gram(k, idx, idx) for k in range(len(self.indicators))], self.bias)
         s = as_tensor_on(signs, self.dtype, device)[idx]

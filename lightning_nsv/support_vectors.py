@@ -251,8 +251,8 @@ def network_support_vectors(
         block_size: rows per block of the dense kernel computation.
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
             (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
-            the support kept in ``cache`` for these inputs, less the members that the max-margin problem on that
-            support alone no longer needs on this network (:func:`pruned_support`), else the ``4·⌊√m⌋`` smallest
+            the support kept in ``cache`` for these inputs (with ``solver`` torch less the members that the
+            max-margin problem on that support alone no longer needs, :func:`pruned_support`), else the ``4·⌊√m⌋`` smallest
             network margins ``y·N(x)``, admitted ``⌊√m⌋`` at a time, most violated first, while they violate the
             margin. The solution does not depend on it; the time does.
         cache: an :class:`~lightning_nsv.path_space.InputGramCache` to pass to every analysis of the same
@@ -310,8 +310,11 @@ def network_support_vectors(
             cache = None
         columns = _kernel_columns(on_device, x_train, slopes_train, cache)
         if initial is None and cache is not None and len(cache):
-            # the previous support (the cache holds these inputs' rows), less what its own problem no longer needs
-            initial = pruned_support(on_device, x_train, slopes_train, y, cache.samples, cache=cache)
+            # the previous support (the cache holds these inputs' rows); the torch solver forms every member's
+            # full column on admission, so it starts from those that the support's own problem still needs
+            # (numpy's admits candidates from Q[F ∪ new, new] and forms full columns only for those kept)
+            initial = cache.samples if solver_device is None else pruned_support(
+                on_device, x_train, slopes_train, y, cache.samples, cache=cache)
         initial_block = None  # a guess from the margins: admitted ⌊√m⌋ at a time (ties at the start: index order)
         if initial is None:
             initial = np.sort(torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy())
