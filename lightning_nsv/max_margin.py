@@ -132,8 +132,9 @@ def max_margin(
             (e.g. :class:`~lightning_nsv.path_space.PathKernelColumns`) gives the solver's columns
             ``y_i y_j K_ij / scale`` itself, Fortran-ordered float64; they are then taken as finite (a Gram
             matrix with the finite diagonal checked here). With a method ``signed_block(idx, y, scale)`` too
-            (``Q[idx, idx]``), the numpy solver admits candidates from that block and the members' stored columns
-            and forms full columns only for those still free when the margins are next needed.
+            (``Q[idx, idx]``) and float64 columns (its ``dtype``, when it has one), the numpy solver admits
+            candidates from that block and the members' stored columns and forms full columns only for those still
+            free when the margins are next needed.
         y: labels in ``{-1, +1}``.
         kernel_diag: ``diag(K)`` when ``kernel`` is a function.
         intercept: ``False`` for the hyperplane through the origin (exact); ``True`` for ``SVC`` with intercept.
@@ -319,8 +320,9 @@ class _LazyColumns:
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
-    outnumber 1/16 of the members (64 at least) and take over 64 MiB, and a sample fetched again meanwhile (one that
-    left F and re-enters it) is copied from there instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored
+    outnumber 1/16 of the members (64 at least) and take over 64 MiB, then the blocks with the largest share of dead
+    columns are compacted until half that many remain; a sample fetched again meanwhile (one that left F and
+    re-enters it) is copied from its dead column instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored
     column: the members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int,
@@ -418,6 +420,7 @@ class _ColumnStore:
             block = self._append_block(np.asarray(at_hand), self._joined([columns.full[j] for j in at_hand])) \
                 if at_hand else PENDING
             self._where += [(block, column[j]) if j in column else (PENDING, j) for j in new]
+            self._merge_if_narrow()  # blocks of a few reused dead columns, as re-entering samples make them
             return
         block = self._append_block(columns.new, columns.cols)
         self._where += [(block, c) for c in range(len(columns.new))]
@@ -469,7 +472,9 @@ class _ColumnStore:
 
     @staticmethod
     def _columns_of(block: np.ndarray, columns: list[int]) -> np.ndarray:
-        return np.asfortranarray(block[:, columns])
+        # rows of the transpose, a new C-ordered array whose transpose is the Fortran-ordered block: on the
+        # Fortran-ordered views of torch's memory that q_columns gives, 10× faster than block[:, columns]
+        return block.T[np.asarray(columns, dtype=np.int64)].T
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""
@@ -479,7 +484,7 @@ class _ColumnStore:
         stored = sum(block.shape[1] for block in self._blocks)
         dead_allowed = max(DEAD_COLUMNS_MIN, DEAD_BYTES_MIN // (8 * max(self.n, 1)), members // DEAD_COLUMNS_SHARE)
         if stored > members + dead_allowed:
-            self._compact()
+            self._compact(dead_allowed // 2)
 
     def _live_columns(self) -> dict[int, list[int]]:
         """The members' columns in each block that holds any, ascending."""
@@ -489,14 +494,25 @@ class _ColumnStore:
                 live.setdefault(b, []).append(c)
         return {b: sorted(columns) for b, columns in live.items()}
 
-    def _compact(self) -> None:
-        """Drop dead columns, one block at a time (memory peaks at one block more)."""
+    def _compact(self, keep_dead: int = 0) -> None:
+        """Drop dead columns, from the blocks where they are the largest share first, until at most ``keep_dead``
+        remain: a block is copied without its dead columns one at a time (memory peaks at one block more), a block
+        without live columns is dropped, the others stay as they are (copying a block to free a few of its columns
+        costs more than it frees)."""
         live = self._live_columns()
+        dead = {b: block.shape[1] - len(live.get(b, [])) for b, block in enumerate(self._blocks)}
+        excess = sum(dead.values()) - keep_dead
+        compacted = set()
+        for b in sorted(dead, key=lambda b: (-dead[b] / self._blocks[b].shape[1], b)):
+            if excess <= 0 or not dead[b]:
+                break
+            compacted.add(b)
+            excess -= dead[b]
         renumber, blocks, samples = {}, [], []
         for b, block in enumerate(self._blocks):
             if b not in live:
                 continue
-            columns = live[b]
+            columns = live[b] if b in compacted else list(range(block.shape[1]))
             kept = block if len(columns) == block.shape[1] else self._columns_of(block, columns)
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
@@ -651,13 +667,23 @@ class _FreeSet:
     def _grown(self, size: int) -> np.ndarray:
         """The factor as the leading ``n×n`` block of a ``size×size`` Fortran array (the rest to be filled): in the
         memory of the old factor while it holds ``size²`` entries, e.g. after a downdate (columns moved last to first:
-        each lands at or after where it was), else in new memory."""
-        n, old = len(self), self._chol
+        each lands at or after where it was), else in that memory enlarged in place (``realloc``: the old factor is not
+        held twice), else in new memory."""
+        n = len(self)
         if self._memory is None or self._memory.size < size * size:
-            self._memory = np.empty(size * size)
-            chol = self._memory[:size * size].reshape((size, size), order="F")
-            chol[:n, :n] = old
-            return chol
+            if self._memory is not None:
+                self._chol = None  # no view of the memory left: numpy may resize it
+                try:
+                    self._memory.resize(size * size)
+                except ValueError:  # another view of the factor is held: copy it into new memory
+                    pass
+            if self._memory is None or self._memory.size < size * size:
+                old = self._memory[:n * n].reshape((n, n), order="F") if n else None
+                self._memory = np.empty(size * size)
+                chol = self._memory.reshape((size, size), order="F")
+                if n:
+                    chol[:n, :n] = old
+                return chol
         flat = self._memory
         for hi in range(n, 0, -GROW_COLUMNS):
             lo = max(0, hi - GROW_COLUMNS)
@@ -668,8 +694,10 @@ class _FreeSet:
     def remove(self, positions: np.ndarray) -> None:
         """Delete members. The kept rows after the first deleted one, ``M = [L_KK | L_KD]``, span the new trailing
         block ``M Mᵀ``: a triangular-pentagonal QR (LAPACK ``tpqrt``) of ``[L_KKᵀ; L_KDᵀ]`` gives its factor in
-        ``O(k·r²)`` for ``k`` deleted and ``r`` trailing members. The new factor is written over the old one's memory
-        (its first ``(n − k)²`` entries, column by column): besides it only the ``r×r`` trailing block is copied."""
+        ``O(k·r²)`` for ``k`` deleted and ``r`` trailing members, a panel of :data:`REMOVE_COLUMNS` rows of it at a
+        time (``tpmqrt`` applies a panel's reflectors to the rows after it). The new factor is written over the old
+        one's memory (its first ``(n − k)²`` entries, column by column): besides it only ``L_KD`` and one panel are
+        copied (``O(r·(k + 256))`` memory, not the ``r×r`` trailing block)."""
         positions = np.unique(np.asarray(positions, dtype=np.int64))
         if not len(positions):
             return
@@ -677,13 +705,8 @@ class _FreeSet:
         keep = np.setdiff1d(np.arange(n), positions)
         after = keep[keep > p]
         r, chol, size = len(after), self._chol, len(keep)
-        if r:  # the new trailing block, from copies, before the old factor is overwritten
-            upper = _submatrix(chol, after, after).T  # F-contiguous, upper triangular
-            pentagon = _submatrix(chol, after, positions).T
-            upper, *_, info = scipy.linalg.lapack.dtpqrt(0, min(32, r), upper, pentagon, overwrite_a=1, overwrite_b=1)
-            if info != 0:
-                raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
-            upper *= np.sign(np.diag(upper))[:, None]
+        # the deleted columns' entries of the kept rows, before the old factor is overwritten
+        pentagon = _submatrix(chol, after, positions).T if r else None  # F-contiguous (k, r)
         flat = chol.reshape(-1, order="F")  # a view: chol is Fortran-contiguous
         for lo in range(0, p, REMOVE_COLUMNS):
             # column j moves from offset j·n to j·size <= j·n: a strip is read whole before it is written, and
@@ -692,9 +715,27 @@ class _FreeSet:
             strip = chol[keep, lo:hi]
             flat[lo * size:hi * size] = strip.ravel(order="F")
         factor = flat[:size * size].reshape((size, size), order="F")
-        if r:
-            factor[:p, p:] = 0.0
-            factor[p:, p:] = upper.T  # strictly lower part of `upper` is 0
+        for lo in range(0, r, REMOVE_COLUMNS):
+            # rows lo:hi of [L_KKᵀ; L_KDᵀ]'s QR from old columns after[lo:hi], which the new columns p + [0, hi)
+            # written so far end before (p + hi)·size <= after[hi]·n: the columns still to be read are intact
+            hi = min(r, lo + REMOVE_COLUMNS)
+            panel = _submatrix(chol, after[lo:], after[lo:hi]).T  # F-contiguous (hi − lo, r − lo), upper-trapezoidal
+            width = hi - lo
+            head, reflectors, t, info = scipy.linalg.lapack.dtpqrt(0, min(32, width), panel[:, :width],
+                                                                     pentagon[:, lo:hi], overwrite_a=1, overwrite_b=1)
+            if info != 0:
+                raise RuntimeError(f"LAPACK dtpqrt failed with info={info}")
+            panel[:, :width] = head
+            if hi < r:
+                tail, rest, info = scipy.linalg.lapack.dtpmqrt(0, reflectors, t, panel[:, width:], pentagon[:, hi:],
+                                                                 side="L", trans="T", overwrite_a=1, overwrite_b=1)
+                if info != 0:
+                    raise RuntimeError(f"LAPACK dtpmqrt failed with info={info}")
+                panel[:, width:], pentagon[:, hi:] = tail, rest
+            panel *= np.sign(np.diag(panel[:, :width]))[:, None]
+            columns = factor[:, p + lo:p + hi]
+            columns[:p + lo] = 0.0
+            columns[p + lo:] = panel.T  # the strictly lower part of the panel's head is 0
         self._chol = factor
         self.index = [self.index[k] for k in keep]
         self.store.keep(keep, len(self.index))
@@ -828,6 +869,9 @@ def _active_set(kernel_columns, y, scale, tol, max_iter, initial, device=None, i
         return cols
 
     signed_block = getattr(kernel_columns, "signed_block", None)
+    if getattr(kernel_columns, "dtype", torch.float64) != torch.float64:
+        # a block rounded apart from the columns (float32: by 1e-7) would pass a duplicate sample for an independent one
+        signed_block = None
     q_block = None if signed_block is None else (lambda idx: signed_block(idx, y, scale))
     with single_threaded_blas():
         return _active_set_loop(_ColumnStore(q_columns, m, q_block), y, scale, tol, max_iter, initial, None,
@@ -966,7 +1010,8 @@ def _distinct_in_order(indices: np.ndarray) -> np.ndarray:
 
 
 # the column store compacts when its dead columns outnumber max(64, members / 16) and take over 64 MiB: a
-# compaction copies the live columns of every block that holds dead ones, so small stores are left alone
+# compaction copies the live columns of the blocks with the largest share of dead ones until half the allowance
+# remains, so small stores are left alone
 DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE, DEAD_BYTES_MIN = 64, 16, 64 << 20
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated

@@ -673,7 +673,7 @@ class PathKernelColumns:
         device = self.x.device
         idx = as_tensor_on(idx, torch.long, device)
         cache = self.input_gram_cache
-        if cache is not None and cache.holds(idx):
+        if cache is not None and len(idx) and cache.holds(idx):
             gram = cache.gram_among(idx)
         else:
             left = self._chunks.x[idx].to(self.dtype)

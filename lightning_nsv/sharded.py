@@ -56,6 +56,11 @@ class ShardedKernelColumns:
     def __len__(self) -> int:
         return len(self.columns)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the columns are computed in (that of the root's :class:`PathKernelColumns`)."""
+        return self.columns.dtype
+
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]`` (root only), shape ``(m, len(idx))``."""
         return torch.from_numpy(self.signed_columns(idx, np.ones(len(self)), 1.0))

@@ -228,6 +228,38 @@ def assert_q_times_exact(free, gram: np.ndarray, rng) -> None:
                                atol=1e-12 * np.abs(gram).max() * alpha.sum())
 
 
+@pytest.mark.parametrize("hold_a_view", [False, True])
+def test_the_factor_grows_in_its_own_memory_unless_a_view_of_it_is_held(hold_a_view):
+    """Admissions that outgrow the factor's memory enlarge that memory in place (the old factor is not held twice)
+    when no view of it is held elsewhere, else copy it into new memory; ``L Lᵀ = Q_FF`` either way, through
+    deletions too."""
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+
+    rng = np.random.default_rng(6)
+    m = 300
+    gram = random_gram(rng, m)
+    free = _FreeSet(_ColumnStore(lambda idx: np.asfortranarray(gram[:, idx]), m))
+    outside = list(rng.permutation(m))
+    assert free.try_add(free.fetch(np.array(outside[:10])))
+    del outside[:10]
+    same_memory = []
+    for step in range(12):
+        memory = id(free._memory)  # a reference (or a weak one) would itself stop the resize
+        held = free.chol if hold_a_view else None
+        if step % 4 == 3:
+            free.remove(rng.choice(len(free), 3, replace=False))
+        assert free.try_add(free.fetch(np.array(outside[:15])))
+        del outside[:15]
+        same_memory.append(id(free._memory) == memory)  # a new array is made while the old one is alive
+        del held
+        factor = free.chol
+        np.testing.assert_allclose(factor @ factor.T, gram[np.ix_(free.index, free.index)], rtol=1e-10,
+                                   atol=1e-10 * np.abs(gram).max())
+        assert np.array_equal(np.triu(factor, 1), np.zeros_like(factor))
+        del factor
+    assert all(same_memory) if not hold_a_view else not any(same_memory[k] for k in range(12) if k % 4 != 3)
+
+
 @pytest.mark.parametrize("on_device", [False, True])
 def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
     """Members admitted a column or a few at a time (as on near-duplicate samples) end up in few stored blocks;
@@ -257,6 +289,31 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
         assert narrow < max_margin_module.NARROW_BLOCKS
         assert_q_times_exact(free, gram, rng)
     assert len(store._blocks) < 40  # without merging: one block per admission, about 140
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_samples_reentering_from_their_dead_columns_do_not_pile_up_narrow_blocks(lazy):
+    """A member removed and admitted again is served from its stored dead column, a block of one column: those are
+    merged on the full and on the lazy route alike, and ``Q[:, F] α`` stays exact."""
+    import lightning_nsv.max_margin as max_margin_module
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+
+    rng = np.random.default_rng(0)
+    m = 300
+    gram = random_gram(rng, m)
+    store = _ColumnStore(lambda idx: np.asfortranarray(gram[:, idx]), m,
+                         (lambda idx: gram[np.ix_(idx, idx)]) if lazy else None)
+    free = _FreeSet(store)
+    assert free.try_add(free.fetch(np.arange(40)))
+    for step in range(100):
+        position = int(rng.integers(len(free)))
+        sample = free.index[position]
+        free.remove(np.array([position]))
+        assert free.try_add(free.fetch(np.array([sample])))
+        assert_q_times_exact(free, gram, rng)
+        assert sum(block.shape[1] < max_margin_module.NARROW_BLOCK for block in store._blocks) \
+            < max_margin_module.NARROW_BLOCKS
+    assert store.reused >= 90
 
 
 @pytest.mark.parametrize("on_device", [False, True])

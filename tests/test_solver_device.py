@@ -76,7 +76,7 @@ def test_compacting_the_column_store_leaves_the_solution(monkeypatch, device):
     compactions = []
     original = max_margin_module._ColumnStore._compact
     monkeypatch.setattr(max_margin_module._ColumnStore, "_compact",
-                        lambda store: (compactions.append(len(store._where)), original(store)))
+                        lambda store, *args: (compactions.append(len(store._where)), original(store, *args)))
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
     monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_SHARE", 10 ** 6)

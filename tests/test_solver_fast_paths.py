@@ -491,6 +491,47 @@ def test_a_warm_start_admits_the_previous_support(monkeypatch, solver):
         assert set(admitted[0]) < set(previous.tolist())  # pruned: a proper subset
 
 
+@pytest.mark.parametrize("bias, beta", [(True, -1.0), (True, 0.1), (False, 0.0)])
+def test_float32_columns_take_full_fetches_and_keep_duplicates_out(monkeypatch, bias, beta):
+    """A float32 network's columns and a block of them round apart by about 1e-7, enough for a duplicate of a member
+    to pass for an independent sample: the solver then fetches full columns (no ``signed_block``), and no duplicate
+    pair ends in the free set, without a KKT warning."""
+    import lightning_nsv.max_margin as max_margin_module
+
+    blocks, free_sets = [], []
+    original_block, original_init = PathKernelColumns.signed_block, max_margin_module._FreeSet.__init__
+    monkeypatch.setattr(PathKernelColumns, "signed_block",
+                        lambda self, *args: (blocks.append(1), original_block(self, *args))[1])
+    monkeypatch.setattr(max_margin_module._FreeSet, "__init__",
+                        lambda self, store: (original_init(self, store), free_sets.append(self))[0])
+    for seed in range(3):
+        net64 = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=4 + seed)
+        net = PathNetwork(tuple(w.float() for w in net64.weights),
+                          None if net64.biases is None else tuple(b.float() for b in net64.biases),
+                          net64.betas, net64.gammas)
+        x, y = self_labelled(net64, 300, seed=5 + seed)
+        x = x.reshape(len(x), -1).float()
+        right = torch.sign(forward_with_slopes(net, x)[0]) == torch.where(y > 0, 1.0, -1.0)
+        x, y = x[right], y[right]
+        m = len(y)
+        x, y = torch.cat([x, x[:15]]), torch.cat([y, y[:15]])  # samples m.. repeat samples 0..14
+        free_sets.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            svm = network_support_vectors(net, x, y, kernel="columns").svm
+        members = set(free_sets[0].index)
+        assert not any(k in members and m + k in members for k in range(15))
+        assert svm.kkt_residual <= 1e-10
+    assert not blocks
+    x64 = torch.randn(40, 5, dtype=torch.float64)
+    net64 = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=1)
+    columns = PathKernelColumns(x64, forward_with_slopes(net64, x64)[1], net64.betas, net64.gammas, bias=bias)
+    assert columns.signed_block(np.zeros(0, dtype=np.int64), np.ones(40), 1.0).shape == (0, 0)
+    cached = PathKernelColumns(x64, forward_with_slopes(net64, x64)[1], net64.betas, net64.gammas, bias=bias,
+                               input_gram_cache=InputGramCache())  # attached, nothing kept yet
+    assert cached.signed_block(np.zeros(0, dtype=np.int64), np.ones(40), 1.0).shape == (0, 0)
+
+
 @pytest.mark.parametrize("bias, beta, cached", [(False, 0.0, False), (True, 0.1, False), (False, 0.0, True)])
 def test_lazy_candidates_give_the_solution_of_full_columns_with_fewer_columns(bias, beta, cached):
     """The solver fetches candidates through ``signed_block`` and forms full columns only for those the descent
