@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -320,10 +321,10 @@ class _LazyColumns:
 class _ColumnStore:
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
-    outnumber 1/16 of the members (64 at least) and take over 64 MiB, then the blocks with the largest share of dead
+    outnumber 1/32 of the members (64 at least) and take over 64 MiB, then the blocks with the largest share of dead
     columns are compacted until half that many remain; a sample fetched again meanwhile (one that left F and
     re-enters it) is copied from its dead column instead of asked of ``q_columns``. Memory ``8·n`` bytes per stored
-    column: the members' and at most ``max(64, members / 16, 2**23 / n)`` dead ones."""
+    column: the members' and at most ``max(64, members / 32, 2**23 / n)`` dead ones."""
 
     def __init__(self, q_columns: Callable[[np.ndarray], np.ndarray], n: int,
                  q_block: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
@@ -486,6 +487,25 @@ class _ColumnStore:
         if stored > members + dead_allowed:
             self._compact(dead_allowed // 2)
 
+    def _without_dead(self, b: int, columns: list[int]) -> np.ndarray:
+        """Block ``b`` with only its ``columns`` (ascending), taken out of the store: shrunk in place when it is the
+        transpose of a C-ordered array that owns its memory and nothing else refers to (the live columns moved to the
+        front, the rest given back by ``realloc``: no second copy in memory, no fresh pages), else copied."""
+        block = self._blocks[b]
+        rows = getattr(block, "base", None)
+        if not (isinstance(rows, np.ndarray) and rows.flags.owndata and rows.flags.c_contiguous
+                and rows.shape == block.shape[::-1]):
+            return self._columns_of(block, columns)
+        del block
+        self._blocks[b] = None  # the store's own view
+        if sys.getrefcount(rows) > 2:  # this name and the call's: another view is held (a candidate's columns)
+            return self._columns_of(rows.T, columns)
+        for k, c in enumerate(columns):
+            if k != c:
+                rows[k] = rows[c]  # c > k: rows move up, each read before it is overwritten
+        rows.resize((len(columns), rows.shape[1]))
+        return rows.T
+
     def _live_columns(self) -> dict[int, list[int]]:
         """The members' columns in each block that holds any, ascending."""
         live: dict[int, list[int]] = {}
@@ -509,11 +529,13 @@ class _ColumnStore:
             compacted.add(b)
             excess -= dead[b]
         renumber, blocks, samples = {}, [], []
-        for b, block in enumerate(self._blocks):
+        for b in range(len(self._blocks)):
             if b not in live:
+                self._blocks[b] = None
                 continue
-            columns = live[b] if b in compacted else list(range(block.shape[1]))
-            kept = block if len(columns) == block.shape[1] else self._columns_of(block, columns)
+            width = self._blocks[b].shape[1]
+            columns = live[b] if b in compacted else list(range(width))
+            kept = self._blocks[b] if len(columns) == width else self._without_dead(b, columns)
             self._blocks[b] = None  # free the old block before the next copy
             renumber.update({(b, c): (len(blocks), k) for k, c in enumerate(columns)})
             blocks.append(kept)
@@ -1009,10 +1031,10 @@ def _distinct_in_order(indices: np.ndarray) -> np.ndarray:
     return indices[np.sort(first)]
 
 
-# the column store compacts when its dead columns outnumber max(64, members / 16) and take over 64 MiB: a
-# compaction copies the live columns of the blocks with the largest share of dead ones until half the allowance
-# remains, so small stores are left alone
-DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE, DEAD_BYTES_MIN = 64, 16, 64 << 20
+# the column store compacts when its dead columns outnumber max(64, members / 32) and take over 64 MiB: a
+# compaction shrinks (or copies) the blocks with the largest share of dead ones until half the allowance remains,
+# so small stores are left alone
+DEAD_COLUMNS_MIN, DEAD_COLUMNS_SHARE, DEAD_BYTES_MIN = 64, 32, 64 << 20
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 REMOVE_COLUMNS = GROW_COLUMNS = 256  # columns of the factor moved at a time in a downdate or an update

@@ -602,7 +602,7 @@ class PathKernelColumns:
         return self._rows(torch.as_tensor(idx, dtype=torch.long, device=self.x.device))
 
     def _rows(self, idx: Tensor, signs: Tensor | None = None, factor: float = 1.0,
-              part: slice | None = None) -> Tensor:
+              part: slice | None = None, out: Tensor | None = None) -> Tensor:
         """``factor · s_idx s_jᵀ ∘ K[idx, part]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor;
         ``part``: a range of samples ``j`` (default all; the input-Gram cache serves full rows only).
 
@@ -617,7 +617,8 @@ class PathKernelColumns:
         sources = cache.row_sources(self._chunks, idx) if cache is not None else None
         if sources is None:
             left = self._chunks.x[idx].to(self.dtype)
-        out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
+        if out is None:
+            out = torch.empty(len(idx), stop - start, dtype=self.dtype, device=self.x.device)
         if not len(idx):
             return out
         whole = None if sources is None else whole_block(sources)
@@ -663,8 +664,14 @@ class PathKernelColumns:
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order: what the active-set solver
-        of :func:`~lightning_nsv.max_margin.max_margin` asks for (labels ``s`` in ``±1``)."""
-        return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
+        of :func:`~lightning_nsv.max_margin.max_margin` asks for (labels ``s`` in ``±1``). On the CPU in float64
+        the transpose of a C-ordered array that owns its memory, which the solver's store can then shrink in place."""
+        if self.x.device.type != "cpu" or self.dtype != torch.float64:
+            return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
+        idx = as_tensor_on(idx, torch.long, self.x.device)
+        rows = np.empty((len(idx), len(self)))
+        self._rows(idx, as_tensor_on(signs, self.dtype, self.x.device), 1.0 / scale, out=torch.from_numpy(rows))
+        return rows.T
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[idx, idx] = (s sᵀ ∘ K)[idx, idx] / scale``, float64 numpy: what the active-set solver needs of

@@ -291,6 +291,44 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
     assert len(store._blocks) < 40  # without merging: one block per admission, about 140
 
 
+@pytest.mark.parametrize("hold_a_view", [False, True])
+def test_compaction_shrinks_blocks_it_owns_in_place_and_leaves_held_views_alone(monkeypatch, hold_a_view):
+    """Columns given as the transpose of C-ordered rows (as ``PathKernelColumns.signed_columns`` gives them on the
+    CPU) are compacted in their own memory, unless a view of the block is held elsewhere (e.g. a candidate's
+    columns): that view keeps its values. ``Q[:, F] α`` stays exact."""
+    import lightning_nsv.max_margin as max_margin_module
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
+    monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_SHARE", 10 ** 6)
+    rng = np.random.default_rng(8)
+    m = 200
+    gram = random_gram(rng, m)
+
+    def q_columns(idx):
+        rows = np.empty((len(idx), m))
+        rows[:] = gram[idx]
+        return rows.T
+
+    store = _ColumnStore(q_columns, m)
+    free = _FreeSet(store)
+    assert free.try_add(free.fetch(np.arange(30)))
+    assert free.try_add(free.fetch(np.arange(30, 60)))
+    ids = [id(block.base) for block in store._blocks]
+    held = store._blocks[0][:, 20:21] if hold_a_view else None  # the column of sample 20, which stays
+    before = None if held is None else held.copy()
+    free.remove(np.array([1, 4, 5, 33]))  # samples 1, 4, 5 of the first block, 33 of the second
+    assert len(store._blocks) == 2 and [block.shape[1] for block in store._blocks] == [27, 29]
+    in_place = [id(block.base) == i for block, i in zip(store._blocks, ids)]
+    assert in_place == ([False, True] if hold_a_view else [True, True])
+    assert all(block.flags.f_contiguous for block in store._blocks)
+    if hold_a_view:
+        np.testing.assert_array_equal(held, before)
+    assert_q_times_exact(free, gram, rng)
+    np.testing.assert_array_equal(np.sort(np.concatenate(store._samples)), np.sort(free.index))
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_samples_reentering_from_their_dead_columns_do_not_pile_up_narrow_blocks(lazy):
     """A member removed and admitted again is served from its stored dead column, a block of one column: those are
