@@ -26,6 +26,7 @@ import scipy.linalg
 import scipy.linalg.lapack
 import torch
 
+from lightning_nsv.memory import base_page_empty
 from lightning_nsv.threads import single_threaded_blas
 
 __all__ = ["MaxMarginResult", "NotSeparableError", "max_margin", "pair_max_margin", "solver_progress"]
@@ -346,7 +347,7 @@ class _ColumnStore:
         new = np.asarray(new, dtype=np.int64)
         members = np.asarray(members, dtype=np.int64)
         n, b = len(members), len(new)
-        sub = np.empty((n + b, b))
+        sub = base_page_empty((n + b, b))
         for block, rows_of_block, positions in self._member_columns():
             sub[positions] = block[new][:, rows_of_block].T  # Q[member, new] = Q[new, member]
         sub[n:] = self.q_block(new)
@@ -454,7 +455,12 @@ class _ColumnStore:
 
     @staticmethod
     def _joined(parts: list[np.ndarray]) -> np.ndarray:
-        return np.asfortranarray(np.concatenate(parts, axis=1))
+        rows = base_page_empty((sum(part.shape[1] for part in parts), parts[0].shape[0]))
+        at = 0
+        for part in parts:
+            rows[at:at + part.shape[1]] = part.T
+            at += part.shape[1]
+        return rows.T
 
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] @ alpha`` (numpy's gemv: torch's on these Fortran-ordered blocks measured 2–4× less accurate,
@@ -473,9 +479,11 @@ class _ColumnStore:
 
     @staticmethod
     def _columns_of(block: np.ndarray, columns: list[int]) -> np.ndarray:
-        # rows of the transpose, a new C-ordered array whose transpose is the Fortran-ordered block: on the
-        # Fortran-ordered views of torch's memory that q_columns gives, 10× faster than block[:, columns]
-        return block.T[np.asarray(columns, dtype=np.int64)].T
+        # rows of the transpose into C-ordered rows whose transpose is the Fortran-ordered block: on the Fortran-
+        # ordered views of torch's memory that q_columns may give, 10× faster than block[:, columns]
+        rows = base_page_empty((len(columns), block.shape[0]))
+        np.take(block.T, np.asarray(columns, dtype=np.int64), axis=0, out=rows)
+        return rows.T
 
     def keep(self, kept: np.ndarray, members: int) -> None:
         """Members at positions ``kept`` stay; the others left F."""
@@ -593,7 +601,7 @@ class _PairStore:
         if len(missing):
             need = self.count + len(missing)
             if need > self._rows.shape[0]:  # pages of np.empty are only touched when written
-                grown = np.empty((max(need, 2 * self._rows.shape[0], 64), self._rows.shape[1]))
+                grown = base_page_empty((max(need, 2 * self._rows.shape[0], 64), self._rows.shape[1]))
                 grown[: self.count] = self._rows[: self.count]
                 self._rows = grown
             self._rows[self.count:need] = _finite_columns(self.sample_columns(missing)).T
@@ -701,7 +709,7 @@ class _FreeSet:
                     pass
             if self._memory is None or self._memory.size < size * size:
                 old = self._memory[:n * n].reshape((n, n), order="F") if n else None
-                self._memory = np.empty(size * size)
+                self._memory = base_page_empty(size * size)
                 chol = self._memory.reshape((size, size), order="F")
                 if n:
                     chol[:n, :n] = old

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_nsv.memory import base_page_empty
+
 __all__ = [
     "InputGramCache",
     "PathKernelColumns",
@@ -669,7 +671,7 @@ class PathKernelColumns:
         if self.x.device.type != "cpu" or self.dtype != torch.float64:
             return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
         idx = as_tensor_on(idx, torch.long, self.x.device)
-        rows = np.empty((len(idx), len(self)))
+        rows = base_page_empty((len(idx), len(self)))
         self._rows(idx, as_tensor_on(signs, self.dtype, self.x.device), 1.0 / scale, out=torch.from_numpy(rows))
         return rows.T
 
