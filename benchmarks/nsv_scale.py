@@ -687,6 +687,7 @@ def compare_main(args, log):
             e["note"] = (f"{gib(large['mem'].start)} GiB resident before the call (interpreter, torch, Lightning, "
                          f"the data); dense float64 kernel would need {8 * mL * mL / 1e9:.1f} GB")
             facts["kkt_large"] = large["kkt_fresh"]
+            facts["peak_large"] = large["mem"].peak
     return rows, facts
 
 
@@ -834,6 +835,8 @@ def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
     if "kkt_large" in facts:
         out.append(f"- KKT residual of the m={args.large_m:,} solution recomputed over all m from fresh kernel columns: "
                    f"{facts['kkt_large']:.1e}; the dense float64 kernel would need {8 * args.large_m ** 2 / 1e9:.1f} GB")
+        out.append(f"- peak resident memory of the m={args.large_m:,} analysis (the process's, largest of its "
+                   f"{args.repeats} runs): {gib(facts['peak_large'])} GiB = {facts['peak_large'] / 1e9:.2f} GB")
     for key in ("cache", "cache_warm", "warm"):
         for fact in ([facts[key]] if isinstance(facts.get(key), str) else facts.get(key, [])):
             out.append(f"- {fact}")

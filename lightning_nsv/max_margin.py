@@ -749,7 +749,7 @@ class _FreeSet:
             # rows lo:hi of [L_KKᵀ; L_KDᵀ]'s QR from old columns after[lo:hi], which the new columns p + [0, hi)
             # written so far end before (p + hi)·size <= after[hi]·n: the columns still to be read are intact
             hi = min(r, lo + REMOVE_COLUMNS)
-            panel = _submatrix(chol, after[lo:], after[lo:hi]).T  # F-contiguous (hi − lo, r − lo), upper-trapezoidal
+            panel = _submatrix(chol, after[lo:], after[lo:hi]).T  # F-ordered (hi − lo, r − lo), upper-trapezoidal
             width = hi - lo
             head, reflectors, t, info = scipy.linalg.lapack.dtpqrt(0, min(32, width), panel[:, :width],
                                                                      pentagon[:, lo:hi], overwrite_a=1, overwrite_b=1)

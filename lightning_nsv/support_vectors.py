@@ -252,9 +252,9 @@ def network_support_vectors(
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
             (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
             the support kept in ``cache`` for these inputs (with ``solver`` torch less the members that the
-            max-margin problem on that support alone no longer needs, :func:`pruned_support`), else the ``4·⌊√m⌋`` smallest
-            network margins ``y·N(x)``, admitted ``⌊√m⌋`` at a time, most violated first, while they violate the
-            margin. The solution does not depend on it; the time does.
+            max-margin problem on that support alone no longer needs, :func:`pruned_support`), else the
+            ``4·⌊√m⌋`` smallest network margins ``y·N(x)``, admitted ``⌊√m⌋`` at a time, most violated first,
+            while they violate the margin. The solution does not depend on it; the time does.
         cache: an :class:`~lightning_nsv.path_space.InputGramCache` to pass to every analysis of the same
             training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
             those of this analysis's support (``8·m·s`` bytes; up to ``8·m·s'`` during the analysis) and warm

@@ -313,7 +313,8 @@ def test_the_converted_copy_leaves_out_features_zero_in_every_sample(bias, beta,
     scale = np.abs(dense).max()
     for idx in (np.array([4, 0, 59]), np.array([59, 12, 4, 33, 0, 7])):
         expected = dense * y[:, None] * y[None, :] / 2.0
-        np.testing.assert_allclose(columns.signed_columns(idx, y, 2.0), expected[:, idx], rtol=1e-14, atol=1e-14 * scale)
+        np.testing.assert_allclose(columns.signed_columns(idx, y, 2.0), expected[:, idx], rtol=1e-14,
+                                   atol=1e-14 * scale)
         np.testing.assert_allclose(columns.signed_block(idx, y, 2.0), expected[np.ix_(idx, idx)], rtol=1e-14,
                                    atol=1e-14 * scale)
         np.testing.assert_allclose(columns.signed_rows(idx, y, 2.0, part=slice(10, 25)).numpy(),
