@@ -524,9 +524,9 @@ class _ColumnStore:
 
     def _compact(self, keep_dead: int = 0) -> None:
         """Drop dead columns, from the blocks where they are the largest share first, until at most ``keep_dead``
-        remain: a block is copied without its dead columns one at a time (memory peaks at one block more), a block
-        without live columns is dropped, the others stay as they are (copying a block to free a few of its columns
-        costs more than it frees)."""
+        remain: a block loses its dead columns in place where it can (:meth:`_without_dead`), else is copied without
+        them, one block at a time (memory then peaks at one block more); a block without live columns is dropped, the
+        others stay as they are (copying a block to free a few of its columns costs more than it frees)."""
         live = self._live_columns()
         dead = {b: block.shape[1] - len(live.get(b, [])) for b, block in enumerate(self._blocks)}
         excess = sum(dead.values()) - keep_dead

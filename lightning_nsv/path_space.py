@@ -605,8 +605,8 @@ class PathKernelColumns:
 
     def _rows(self, idx: Tensor, signs: Tensor | None = None, factor: float = 1.0,
               part: slice | None = None, out: Tensor | None = None) -> Tensor:
-        """``factor · s_idx s_jᵀ ∘ K[idx, part]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor;
-        ``part``: a range of samples ``j`` (default all; the input-Gram cache serves full rows only).
+        """``factor · s_idx s_jᵀ ∘ K[idx, part]`` for signs ``s`` (``±1``; none: all ``+1``), a new tensor or written
+        into ``out``; ``part``: a range of samples ``j`` (default all; the input-Gram cache serves full rows only).
 
         Formed a chunk of samples ``j`` at a time: the input Gram of the chunk (or the cache's rows), then its slope
         factor in place. ReLU-type layers without biases take the signs into the last layer's indicator product
