@@ -533,6 +533,34 @@ def test_float32_columns_take_full_fetches_and_keep_duplicates_out(monkeypatch, 
     assert cached.signed_block(np.zeros(0, dtype=np.int64), np.ones(40), 1.0).shape == (0, 0)
 
 
+@pytest.mark.parametrize("bias, beta, warm", [(False, 0.0, False), (True, 0.1, False), (False, 0.0, True)])
+def test_compactions_in_place_and_panelled_downdates_leave_the_solution(monkeypatch, bias, beta, warm):
+    """Dead columns dropped at every chance from the kernel columns' own blocks (shrunk in place) and downdates
+    in panels of 3 rows: the dense solve's support and α, cold and warm started."""
+    import lightning_nsv.max_margin as max_margin_module
+
+    first, second, x, y = a_network_and_a_nearby_one(beta, bias, step=0.05, seed=3)
+    cache = InputGramCache() if warm else None
+    if warm:
+        network_support_vectors(first, x, y, cache=cache)
+    reference = network_support_vectors(second, x, y, kernel="dense").svm
+    shrunk = []
+    original = max_margin_module._ColumnStore._without_dead
+    monkeypatch.setattr(max_margin_module._ColumnStore, "_without_dead",
+                        lambda store, b, columns: shrunk.append(store._blocks[b].base is not None)
+                        or original(store, b, columns))
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
+    monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
+    monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_SHARE", 10 ** 6)
+    monkeypatch.setattr(max_margin_module, "REMOVE_COLUMNS", 3)
+    svm = network_support_vectors(second, x, y, kernel="columns", cache=cache).svm
+    np.testing.assert_array_equal(svm.support_, reference.support_)
+    np.testing.assert_allclose(svm.alpha_, reference.alpha_, rtol=1e-8, atol=1e-8 * reference.alpha_.max())
+    assert svm.kkt_residual <= 1e-10
+    if not warm:  # (the warm start's dropped members were admitted lazily: no column of theirs was stored)
+        assert shrunk and any(shrunk)  # blocks of PathKernelColumns' own rows were compacted
+
+
 @pytest.mark.parametrize("bias, beta, cached", [(False, 0.0, False), (True, 0.1, False), (False, 0.0, True)])
 def test_lazy_candidates_give_the_solution_of_full_columns_with_fewer_columns(bias, beta, cached):
     """The solver fetches candidates through ``signed_block`` and forms full columns only for those the descent
