@@ -2,7 +2,7 @@
 
 numpy advises the kernel to back arrays of 4 MiB and more with transparent huge pages (``madvise``). Where memory
 is fragmented, as on shared virtual machines, the first touch of such an array then waits for the kernel to
-compact memory: writing a fresh 200 MB array measured 0.15–0.4 s there against 0.05 s with base pages. The
+compact memory: writing a fresh 208 MB array measured 0.15–2.0 s there against 0.04–0.09 s on base pages. The
 solvers' kernel columns and factors are read in streams, which huge pages do not speed up, so their arrays ask for
 base pages (``MADV_NOHUGEPAGE``, Linux; elsewhere, or where the call fails, numpy's default stays).
 """
