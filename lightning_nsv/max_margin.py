@@ -451,7 +451,7 @@ class _ColumnStore:
             blocks.append(self._joined(parts))
             samples.append(np.concatenate(merged_samples))
         self._blocks, self._samples = blocks, samples
-        self._where = [w if w[0] == PENDING else renumber[w] for w in self._where]
+        self._renumber(renumber)
 
     @staticmethod
     def _joined(parts: list[np.ndarray]) -> np.ndarray:
@@ -514,6 +514,10 @@ class _ColumnStore:
         rows.resize((len(columns), rows.shape[1]))
         return rows.T
 
+    def _renumber(self, renumber: dict[tuple[int, int], tuple[int, int]]) -> None:
+        """The members' ``(block, column)`` after the blocks were rebuilt (those admitted lazily have none yet)."""
+        self._where = [w if w[0] == PENDING else renumber[w] for w in self._where]
+
     def _live_columns(self) -> dict[int, list[int]]:
         """The members' columns in each block that holds any, ascending."""
         live: dict[int, list[int]] = {}
@@ -549,7 +553,7 @@ class _ColumnStore:
             blocks.append(kept)
             samples.append(self._samples[b][columns])
         self._blocks, self._samples = blocks, samples
-        self._where = [w if w[0] == PENDING else renumber[w] for w in self._where]
+        self._renumber(renumber)
 
 
 class _PairColumns:
@@ -700,26 +704,30 @@ class _FreeSet:
         each lands at or after where it was), else in that memory enlarged in place (``realloc``: the old factor is not
         held twice), else in new memory."""
         n = len(self)
-        if self._memory is None or self._memory.size < size * size:
-            if self._memory is not None:
-                self._chol = None  # no view of the memory left: numpy may resize it
-                try:
-                    self._memory.resize(size * size)
-                except ValueError:  # another view of the factor is held: copy it into new memory
-                    pass
-            if self._memory is None or self._memory.size < size * size:
-                old = self._memory[:n * n].reshape((n, n), order="F") if n else None
-                self._memory = base_page_empty(size * size)
-                chol = self._memory.reshape((size, size), order="F")
-                if n:
-                    chol[:n, :n] = old
-                return chol
+        if (self._memory is None or self._memory.size < size * size) and not self._enlarged(size * size):
+            old = self._memory[:n * n].reshape((n, n), order="F") if n else None
+            self._memory = base_page_empty(size * size)
+            chol = self._memory.reshape((size, size), order="F")
+            if n:
+                chol[:n, :n] = old
+            return chol
         flat = self._memory
         for hi in range(n, 0, -GROW_COLUMNS):
             lo = max(0, hi - GROW_COLUMNS)
             source = flat[lo * n:hi * n].reshape((n, hi - lo), order="F")
             flat[lo * size:hi * size].reshape((size, hi - lo), order="F")[:n] = source  # numpy buffers overlaps
         return flat[:size * size].reshape((size, size), order="F")
+
+    def _enlarged(self, entries: int) -> bool:
+        """Whether the factor's memory could be resized in place to ``entries`` (no other view of it held)."""
+        if self._memory is None:
+            return False
+        self._chol = None  # the factor is a view of the memory: numpy resizes only memory that nothing views
+        try:
+            self._memory.resize(entries)
+        except ValueError:
+            return False
+        return True
 
     def remove(self, positions: np.ndarray) -> None:
         """Delete members. The kept rows after the first deleted one, ``M = [L_KK | L_KD]``, span the new trailing

@@ -670,9 +670,8 @@ class PathKernelColumns:
         the transpose of a C-ordered array that owns its memory, which the solver's store can then shrink in place."""
         if self.x.device.type != "cpu" or self.dtype != torch.float64:
             return self.signed_rows(idx, signs, scale).to("cpu", torch.float64).numpy().T
-        idx = as_tensor_on(idx, torch.long, self.x.device)
         rows = base_page_empty((len(idx), len(self)))
-        self._rows(idx, as_tensor_on(signs, self.dtype, self.x.device), 1.0 / scale, out=torch.from_numpy(rows))
+        self.signed_rows(idx, signs, scale, out=torch.from_numpy(rows))
         return rows.T
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
@@ -691,11 +690,12 @@ class PathKernelColumns:
         s = as_tensor_on(signs, self.dtype, device)[idx]
         return (kernel * (s[:, None] * s[None, :]) / scale).to("cpu", torch.float64).numpy()
 
-    def signed_rows(self, idx, signs, scale: float, part: slice | None = None) -> Tensor:
-        """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`)."""
+    def signed_rows(self, idx, signs, scale: float, part: slice | None = None, out: Tensor | None = None) -> Tensor:
+        """``Q[part, idx]ᵀ``, shape ``(len(idx), len(part))``, on the device of ``x`` (see :meth:`signed_columns`), a
+        new tensor or written into ``out``."""
         device = self.x.device
         return self._rows(as_tensor_on(idx, torch.long, device), as_tensor_on(signs, self.dtype, device), 1.0 / scale,
-                          part)
+                          part, out)
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]``, shape ``(m, len(idx))``, on the device of ``x``."""
