@@ -353,7 +353,7 @@ class _ColumnStore:
         sub[n:] = self.q_block(new)
         position = np.full(self.n, -1, dtype=np.int64)
         position[members], position[new] = np.arange(n), n + np.arange(b)
-        return _LazyColumns(new, sub, position, self._stored_dead(new))
+        return _LazyColumns(new, sub, position, self._stored_dead(new, count=False))
 
     def _member_columns(self):
         """``(block, columns, member positions)`` of each block holding live members' columns."""
@@ -389,11 +389,13 @@ class _ColumnStore:
         parts = [copies[j] for j in found.tolist()] + ([self.q_columns(rest)] if len(rest) else [])
         return np.concatenate([found, rest]), self._joined(parts)
 
-    def _stored_dead(self, new: np.ndarray) -> dict[int, np.ndarray]:
-        """``sample -> Q[:, sample]`` copied from the stored dead columns of those of ``new`` that have one."""
+    def _stored_dead(self, new: np.ndarray, count: bool = True) -> dict[int, np.ndarray]:
+        """``sample -> Q[:, sample]`` copied from the stored dead columns of those of ``new`` that have one; ``count``:
+        add them to :attr:`reused` now (a lazy fetch counts them when they are admitted)."""
         dead = self._dead_columns()
         copies = {j: self._columns_of(self._blocks[dead[j][0]], [dead[j][1]]) for j in new.tolist() if j in dead}
-        self.reused += len(copies)
+        if count:
+            self.reused += len(copies)
         return copies
 
     def _append_block(self, samples: np.ndarray, cols) -> int:
@@ -418,6 +420,7 @@ class _ColumnStore:
         if isinstance(columns, _LazyColumns):  # entries in the order of columns.new, as the members'
             new = columns.new.tolist()
             at_hand = [j for j in new if j in columns.full]
+            self.reused += len(at_hand)
             column = {j: c for c, j in enumerate(at_hand)}
             block = self._append_block(np.asarray(at_hand), self._joined([columns.full[j] for j in at_hand])) \
                 if at_hand else PENDING

@@ -395,6 +395,27 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
     assert store.reused > 20
 
 
+def test_a_lazy_fetch_counts_a_reused_dead_column_only_when_it_is_admitted():
+    """On the lazy route a dead column is copied at the fetch but counted in ``reused`` at the admission: a fetched
+    candidate that is never admitted leaves the count alone."""
+    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+
+    rng = np.random.default_rng(5)
+    m = 120
+    gram = random_gram(rng, m)
+    store = _ColumnStore(lambda idx: np.asfortranarray(gram[:, idx]), m, lambda idx: gram[np.ix_(idx, idx)])
+    free = _FreeSet(store)
+    assert free.try_add(free.fetch(np.arange(10)))
+    assert_q_times_exact(free, gram, rng)  # forms the members' full columns
+    sample = free.index[3]
+    free.remove(np.array([3]))
+    free.fetch(np.array([sample]))  # fetched, not admitted
+    assert store.reused == 0
+    assert free.try_add(free.fetch(np.array([sample])))
+    assert store.reused == 1
+    assert_q_times_exact(free, gram, rng)
+
+
 def test_lazy_candidates_read_their_entries_from_the_members_and_form_columns_only_for_those_kept():
     """With ``q_block`` the store fetches ``Q[F ∪ new, new]`` (members' rows from their stored columns, the block of
     the candidates from ``q_block``) and forms full columns at the next ``Q[:, F] α`` only for candidates still in
