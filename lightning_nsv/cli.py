@@ -8,7 +8,9 @@ Example::
 
 ``analyze`` loads a trained checkpoint and its data module and runs the configured analysis callbacks
 (``NetworkSupportVectors``; ``PsiRankMonitor`` and ``LossValleyMonitor`` for skip networks) once, with the same
-logs and files as during training, without training. ``--threads N`` sets the torch and BLAS thread pools (one
+logs and files as during training, at the checkpoint's step, without training. The analysis stands alone (no
+comparison with the analyses logged before the checkpoint was saved); the model is rebuilt from the
+checkpoint's hyperparameters. ``--threads N`` sets the torch and BLAS thread pools (one
 thread is often fastest for these small networks on a shared machine).
 
 The package's modules, data modules and callbacks are imported here so that their short names resolve.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -63,7 +66,14 @@ class AnalysisTrainer(pl.Trainer):
         """
         if ckpt_path is None:
             raise ValueError("`lightning-nsv analyze` needs --ckpt_path pointing at a trained checkpoint (.ckpt)")
+        if not Path(ckpt_path).is_file():
+            raise FileNotFoundError(f"`lightning-nsv analyze`: no checkpoint file at --ckpt_path={ckpt_path}")
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+        if fit_loop is not None:  # the epoch and the step of the checkpoint: logs land where the fit's did
+            self.fit_loop.load_state_dict(fit_loop)
+            # the fit logs epoch-end metrics one step back, at the epoch's last step (Lightning's FitLoop)
+            self.fit_loop.epoch_loop._batches_that_stepped = max(0, self.fit_loop.epoch_loop._batches_that_stepped - 1)
         analysers = [cb for cb in self.callbacks
                      if isinstance(cb, (NetworkSupportVectors, PsiRankMonitor, LossValleyMonitor))]
         if not analysers:

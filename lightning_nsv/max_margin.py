@@ -978,7 +978,7 @@ def _active_set_loop(store, y, scale, tol, max_iter, initial, free_set=None, ini
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
     initial_block = batch if initial_block is None else initial_block
-    pending = None if initial is None else _distinct_in_order(np.asarray(initial, dtype=np.int64).reshape(-1))
+    pending = None if initial is None else _distinct_in_order(sample_indices(initial))
     if pending is not None and len(pending) and (pending.min() < 0 or pending.max() >= m):
         raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
                          f"[{pending.min()}, {pending.max()}]")
@@ -1132,6 +1132,16 @@ def _add(free: _FreeSet, candidates: np.ndarray):
     return None if added else columns.single(0)
 
 
+def sample_indices(initial) -> np.ndarray:
+    """Sample indices given as a list, an array or a tensor (any device), as int64; refuses values that are not whole
+    numbers (no silent truncation)."""
+    values = np.asarray(initial.cpu() if hasattr(initial, "cpu") else initial).reshape(-1)
+    if values.dtype == bool or not (np.issubdtype(values.dtype, np.integer) or np.all(np.mod(values, 1) == 0)):
+        raise ValueError(f"`initial` must hold integer sample indices, got {values[:5].tolist()} "
+                         f"(dtype {values.dtype})")
+    return values.astype(np.int64)
+
+
 def _singular_step(free: _FreeSet, columns, alpha: np.ndarray) -> np.ndarray:
     """``y_j phi_j`` (``columns``: those of the one candidate j, from :func:`_add`) lies in the span of the free set:
     move along the null direction of ``Q`` until a free coefficient reaches zero, drop it, then admit ``j``."""
@@ -1149,5 +1159,9 @@ def _singular_step(free: _FreeSet, columns, alpha: np.ndarray) -> np.ndarray:
     free.remove(np.array([position]))
     alpha = np.delete(alpha, position)
     if not free.try_add(columns):
-        raise NotSeparableError(f"could not admit sample {j} to the free set after a degenerate step")
+        raise NotSeparableError(
+            f"could not admit sample {j} to the free set after a degenerate step: its signed path features stay in "
+            "the span of the support vectors', so the data are likely not separable through the origin in path "
+            "space (e.g. a sample and its negative with one label, or duplicates with opposite labels)"
+        )
     return np.concatenate([np.clip(alpha, 0.0, None), [step]])

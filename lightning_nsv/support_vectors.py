@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_accuracy
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin
+from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin, sample_indices
 from lightning_nsv.path_space import (
     InputGramCache,
     PathKernelColumns,
@@ -320,7 +320,7 @@ def network_support_vectors(
             initial = np.sort(torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy())
         else:  # a previous support: admitted whole
             initial_block = max(1, len(initial))
-        initial = np.asarray(initial.cpu() if isinstance(initial, Tensor) else initial, dtype=np.int64)
+        initial = sample_indices(initial)
         if cache is not None:
             initial = cache.in_slot_order(initial)
         diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype)

@@ -102,8 +102,16 @@ def test_analyze_a_saved_checkpoint_without_training(tmp_path):
     assert trained.epoch == analysed.epoch
     assert torch.equal(trained.support, analysed.support)
     torch.testing.assert_close(trained.alpha, analysed.alpha, rtol=1e-9, atol=0)  # other thread counts: rounding
-    scalars = EventAccumulator(str(tmp_path / "tensorboard" / "version_1")).Reload().Tags()["scalars"]
-    assert "nsv/n_support" in scalars
+    fit_events, analyze_events = (EventAccumulator(str(tmp_path / "tensorboard" / v)).Reload()
+                                  for v in ("version_0", "version_1"))
+    assert "nsv/n_support" in analyze_events.Tags()["scalars"]
+    # at the fit's steps; a checkpoint saved after the analysis is not compared with itself
+    assert [e.step for e in analyze_events.Scalars("nsv/n_support")] == \
+        [e.step for e in fit_events.Scalars("nsv/n_support")]
+    assert [e.step for e in analyze_events.Tensors("nsv/report/text_summary")] == \
+        [e.step for e in fit_events.Tensors("nsv/report/text_summary")]
+    assert "nsv/support_jaccard_previous" not in analyze_events.Tags()["scalars"]
+    assert "nsv/max_margin_approach" not in analyze_events.Tags()["images"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -125,6 +133,10 @@ def test_analyze_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="needs --ckpt_path"):
         main(["analyze", f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
               f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=50"])
+    with pytest.raises(FileNotFoundError, match="no checkpoint file at --ckpt_path="):
+        main(["analyze", f"--config={CONFIG}", f"--trainer.default_root_dir={tmp_path}",
+              f"--trainer.logger.init_args.save_dir={tmp_path}", "--data.init_args.m=50",
+              f"--ckpt_path={tmp_path / 'missing.ckpt'}"])
 
 
 def test_the_multiclass_demo_config_runs_the_multiclass_analysis(tmp_path):

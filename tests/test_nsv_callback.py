@@ -221,16 +221,19 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
     with pytest.raises(UnsupportedNetworkError, match=r"UserClassifier.model: layer 2, Tanh\(\), is not supported"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(activation=nn.Tanh), datamodule=data)
+    data.setup("fit")  # plain loaders below: no `num_classes` to check the head against first
     with pytest.raises(ValueError, match=r"output of UserClassifier has 1 values per sample, but its path part "
                                          r"UserClassifier.model has 3; the module must return the head's output"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
-            UserClassifier(outputs=3), datamodule=data)
+            UserClassifier(outputs=3), train_dataloaders=data.train_dataloader())
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(squash=True), datamodule=data)
+    classes = DigitsDataModule(m=50, batch_size=50, task="multiclass")
+    classes.setup("fit")
     with pytest.raises(ValueError, match=r"binary labels must be 0/1 or -1/\+1, got values \[0, 1, 2, 3"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
-            UserClassifier(), datamodule=DigitsDataModule(m=50, batch_size=50, task="multiclass"))
+            UserClassifier(), train_dataloaders=classes.train_dataloader())
 
 
 def test_resume_after_the_analysis_does_not_repeat_it(tmp_path):
@@ -249,6 +252,47 @@ def test_resume_after_the_analysis_does_not_repeat_it(tmp_path):
     assert resumed.zero_error_epoch == first.zero_error_epoch
     assert resumed.metrics == pytest.approx(first.metrics)
     assert resumed.analysis is None  # restored from the checkpoint, not recomputed
+    # the run had stopped there: the resumed fit stops at once, with the checkpoint's weights
+    assert run2.current_epoch == run.current_epoch and run2.global_step == run.global_step
+    for name, value in run2.lightning_module.state_dict().items():
+        assert torch.equal(value, stored["state_dict"][name]), name
+
+
+def test_the_last_epoch_is_checked_whatever_every_n_epochs(fitted, tmp_path):
+    """With ``every_n_epochs`` out of step with ``max_epochs`` the last epoch is checked too: a network that reached
+    zero error in between is analysed there instead of being reported as never reaching it."""
+    reached = fitted[1].zero_error_epoch
+    pl.seed_everything(0)
+    callback = NetworkSupportVectors(probe_size=64, every_n_epochs=1000)
+    run = trainer(tmp_path, callback, max_epochs=reached + 2)
+    run.fit(UserClassifier(), datamodule=DigitsDataModule(m=300, seed=0, batch_size=50))
+    assert callback.zero_error_epoch == reached + 1 and callback.analysis is not None
+    assert scalars(Path(run.logger.log_dir))["nsv/zero_error_reached"] == [1.0]
+
+
+def test_zero_error_reached_between_checks_is_not_reported_as_never_reached(fitted, tmp_path):
+    """Stopped by ``max_steps`` with zero error, between checked epochs: a warning says so and how to analyse
+    the network; no "not reached" verdict is logged."""
+    reached = fitted[1].zero_error_epoch
+    pl.seed_everything(0)
+    callback = NetworkSupportVectors(probe_size=64, every_n_epochs=1000)
+    run = trainer(tmp_path, callback, max_epochs=1000, max_steps=(reached + 2) * 6)  # 300 samples, batches of 50
+    with pytest.warns(UserWarning, match=r"has zero training error now that training stopped after "
+                                         rf"{reached + 2} epochs, but not at an epoch it was checked at"):
+        run.fit(UserClassifier(), datamodule=DigitsDataModule(m=300, seed=0, batch_size=50))
+    assert callback.zero_error_epoch is None
+    assert "nsv/zero_error_reached" not in scalars(Path(run.logger.log_dir))
+
+
+def test_a_head_that_does_not_fit_the_data_modules_classes_is_refused(tmp_path):
+    run = trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False)
+    with pytest.raises(ValueError, match=r"LeakyReLUMLP.net has 10 outputs, but the data module DigitsDataModule "
+                                         r"\(task='binary'\) has 2 classes"):
+        run.fit(LeakyReLUMLP(widths=[8], num_classes=10), datamodule=DigitsDataModule(m=100, seed=0))
+    run = trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False)
+    with pytest.raises(ValueError, match=r"has 1 output, but the data module DigitsDataModule "
+                                         r"\(task='multiclass'\) has 10 classes"):
+        run.fit(LeakyReLUMLP(widths=[8]), datamodule=DigitsDataModule(m=100, seed=0, task="multiclass"))
 
 
 def test_tracking_after_zero_error_repeats_the_analysis(tmp_path):

@@ -80,6 +80,10 @@ def test_warm_start_from_a_previous_support_gives_the_same_solution():
     np.testing.assert_allclose(warm.alpha_, cold.alpha_, rtol=1e-9, atol=1e-9 * cold.alpha_.max())
     with pytest.raises(ValueError, match="`initial` must hold sample indices in \\[0, "):
         network_support_vectors(net, x, y, initial=[len(y)])
+    with pytest.raises(ValueError, match="`initial` must hold integer sample indices, got \\[1.5\\]"):
+        network_support_vectors(net, x, y, initial=[1.5])  # not truncated to sample 1
+    np.testing.assert_array_equal(network_support_vectors(net, x, y, initial=np.array([3.0, 7.0])).svm.support_,
+                                  cold.support_)
 
 
 def a_network_and_a_nearby_one(beta, bias, step, seed):

@@ -36,6 +36,27 @@ from lightning_nsv.sharded import ColumnSharing
 __all__ = ["NetworkSupportVectors"]
 
 
+def _seconds(elapsed: float) -> str:
+    return f"{elapsed:.1f} s" if elapsed >= 1 else f"{elapsed * 1000:.0f} ms"
+
+
+def _check_head_fits_classes(path: PathPart, datamodule) -> None:
+    """A data module that states ``num_classes`` must match the head: one output for 2 classes, else one per class
+    (a 10-class checkpoint analysed with a binary data module would read 0/1 labels as two of ten classes)."""
+    classes = getattr(datamodule, "num_classes", None)
+    if not isinstance(classes, int) or isinstance(classes, bool):
+        return
+    outputs = path.num_outputs
+    if (outputs == 1 and classes != 2) or (outputs > 1 and outputs != classes):
+        task = f" (task={datamodule.task!r})" if isinstance(getattr(datamodule, "task", None), str) else ""
+        raise ValueError(
+            f"NetworkSupportVectors: the head {path.name} has {outputs} output{'s' * (outputs > 1)}, but the data module "
+            f"{type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class head K. "
+            "`lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
+            "checkpoint was trained with."
+        )
+
+
 def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
@@ -77,7 +98,8 @@ class NetworkSupportVectors(Callback):
     more during one); a single analysis keeps none.
 
     Args:
-        every_n_epochs: Check zero training error every this many epochs.
+        every_n_epochs: Check zero training error every this many epochs, and at the last epoch of
+            ``max_epochs``.
         probe_size: Random training samples tried before a full pass.
         stop_on_zero_error: Stop training once the analysis ran. With ``False`` training goes on and the
             analysis is repeated every ``every_n_epochs`` epochs while the training error stays zero, so that
@@ -211,6 +233,7 @@ class NetworkSupportVectors(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
+        _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
             raise ValueError(
                 f"{self._path.name} has {self._path.num_outputs} outputs: the multi-class analysis is the max-margin "
@@ -220,6 +243,16 @@ class NetworkSupportVectors(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.fast_dev_run:
             rank_zero_info("NetworkSupportVectors: fast_dev_run, so the support-vector analysis is skipped")
+            return
+        if self.zero_error_epoch is not None and self.stop_on_zero_error:
+            # resumed from a checkpoint saved after the analysis: the run had already stopped there
+            rank_zero_info(
+                f"NetworkSupportVectors: the checkpoint was saved after zero training error at epoch "
+                f"{self.zero_error_epoch} and its analysis (`stop_on_zero_error=True`), so training stops at once. "
+                "The analysis' numbers are restored in `metrics`; `lightning-nsv analyze --ckpt_path` runs it again "
+                "from the checkpoint. Pass `stop_on_zero_error=False` to train on."
+            )
+            trainer.should_stop = True
             return
         dataset = self._train_dataset(trainer)
         if len(dataset) == 0:
@@ -250,6 +283,14 @@ class NetworkSupportVectors(Callback):
         dataset = self._train_dataset(trainer)
         wrong = self._count_errors(trainer, dataset, pl_module)
         epochs = trainer.current_epoch
+        if wrong == 0 and not self._diverged:
+            rank_zero_warn(
+                f"NetworkSupportVectors: the network has zero training error now that training stopped after "
+                f"{epochs} epochs, but not at an epoch it was checked at (every_n_epochs={self.every_n_epochs}; "
+                "training stopped by max_steps, max_time or another callback), so it was not analysed. Run "
+                "`lightning-nsv analyze --ckpt_path` on the last checkpoint, or resume from it with `max_epochs` one higher."
+            )
+            return
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
                       self._diverged else "Train longer (resume from the last checkpoint with a larger max_epochs), "
@@ -292,7 +333,8 @@ class NetworkSupportVectors(Callback):
             trainer.sanity_checking
             or bool(trainer.fast_dev_run)
             or (self.zero_error_epoch is not None and self.stop_on_zero_error)
-            or (trainer.current_epoch + 1) % self.every_n_epochs != 0
+            or ((trainer.current_epoch + 1) % self.every_n_epochs != 0
+                and trainer.current_epoch + 1 != trainer.max_epochs)
         )
 
     def _labels(self, y: Tensor) -> Tensor:
@@ -385,8 +427,11 @@ class NetworkSupportVectors(Callback):
     def analyze_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> bool:
         """Check zero training error and, where it holds, run the analysis once (``lightning-nsv analyze``).
 
-        ``epoch`` names the files and the logs (the checkpoint's epoch). Returns whether zero error holds.
+        ``epoch`` names the files and the logs (the checkpoint's epoch). Returns whether zero error holds. The
+        analysis stands alone: the history, previous support and patterns that the checkpoint restored (those of
+        the fit's own analyses, of this very network when it was saved after one) are not compared with it.
         """
+        self.history, self._previous_support, self._previous_patterns = [], [], None
         self._epoch = epoch
         try:
             reached = self._run_check(trainer, pl_module)
@@ -551,7 +596,7 @@ class NetworkSupportVectors(Callback):
         finally:
             progress.close()
         self.analysis = analysis
-        self._say(trainer, f"NetworkSupportVectors: analysis done in {time.perf_counter() - started:.1f} s\n"
+        self._say(trainer, f"NetworkSupportVectors: analysis done in {_seconds(time.perf_counter() - started)}\n"
                            + analysis.report())
         step = trainer.global_step
         self._save(trainer, pl_module, directory, analysis, y_train, net)
