@@ -104,8 +104,10 @@ def _validate(kernel_diag: np.ndarray, y: np.ndarray) -> np.ndarray:
                          "sample's inputs or the network hold non-finite values")
     bad = np.flatnonzero(kernel_diag <= 0)
     if len(bad):
+        cause = ("a zero sample has no margin; remove it" if kernel_diag[bad[0]] == 0 else
+                 "K(x, x) < 0 cannot come from a kernel (an inner product): check how the kernel was computed")
         raise ValueError(f"kernel diagonal must be finite and positive, got {kernel_diag[bad[0]]:.3g} at sample "
-                         f"{bad[0]} ({len(bad)} samples in all): a zero sample has no margin; remove it")
+                         f"{bad[0]} ({len(bad)} samples in all): {cause}")
     return y.astype(np.float64)
 
 

@@ -161,8 +161,12 @@ def test_input_validation_messages():
         max_margin(lambda idx: kernel[:, idx], y)
     zero = kernel.copy()
     zero[0, :] = zero[:, 0] = 0
-    with pytest.raises(ValueError, match="kernel diagonal must be finite and positive"):
+    with pytest.raises(ValueError, match="kernel diagonal must be finite and positive.*a zero sample has no margin"):
         max_margin(zero, y)
+    negative = kernel.copy()
+    negative[1, 1] = -1.0
+    with pytest.raises(ValueError, match=r"got -1 at sample 1 .*K\(x, x\) < 0 cannot come from a kernel"):
+        max_margin(negative, y)
 
 
 def test_solver_progress_reports_every_iteration_and_changes_nothing():
