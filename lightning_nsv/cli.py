@@ -28,7 +28,7 @@ import lightning_nsv.callbacks  # noqa: F401
 import lightning_nsv.datamodules  # noqa: F401
 import lightning_nsv.models  # noqa: F401
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
-from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, submodule
+from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_warn, submodule
 
 LightningCLI = submodule("cli").LightningCLI
 
@@ -71,9 +71,14 @@ class AnalysisTrainer(pl.Trainer):
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         fit_loop = checkpoint.get("loops", {}).get("fit_loop")
         if fit_loop is not None:  # the epoch and the step of the checkpoint: logs land where the fit's did
-            self.fit_loop.load_state_dict(fit_loop)
-            # the fit logs epoch-end metrics one step back, at the epoch's last step (Lightning's FitLoop)
-            self.fit_loop.epoch_loop._batches_that_stepped = max(0, self.fit_loop.epoch_loop._batches_that_stepped - 1)
+            epoch_loop = self.fit_loop.epoch_loop
+            try:
+                self.fit_loop.load_state_dict(fit_loop)
+                # the fit logs epoch-end metrics one step back, at the epoch's last step (Lightning's FitLoop)
+                epoch_loop._batches_that_stepped = max(0, epoch_loop._batches_that_stepped - 1)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                rank_zero_warn(f"`lightning-nsv analyze`: the checkpoint's loop state could not be read ({error!r}), "
+                               "so the analysis is logged at step 0 instead of the checkpoint's step")
         analysers = [cb for cb in self.callbacks
                      if isinstance(cb, (NetworkSupportVectors, PsiRankMonitor, LossValleyMonitor))]
         if not analysers:

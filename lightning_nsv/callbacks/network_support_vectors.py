@@ -50,9 +50,9 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
     if (outputs == 1 and classes != 2) or (outputs > 1 and outputs != classes):
         task = f" (task={datamodule.task!r})" if isinstance(getattr(datamodule, "task", None), str) else ""
         raise ValueError(
-            f"NetworkSupportVectors: the head {path.name} has {outputs} output{'s' * (outputs > 1)}, but the data module "
-            f"{type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class head K. "
-            "`lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
+            f"NetworkSupportVectors: the head {path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
+            f"module {type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class "
+            "head K. `lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
             "checkpoint was trained with."
         )
 
@@ -288,7 +288,8 @@ class NetworkSupportVectors(Callback):
                 f"NetworkSupportVectors: the network has zero training error now that training stopped after "
                 f"{epochs} epochs, but not at an epoch it was checked at (every_n_epochs={self.every_n_epochs}; "
                 "training stopped by max_steps, max_time or another callback), so it was not analysed. Run "
-                "`lightning-nsv analyze --ckpt_path` on the last checkpoint, or resume from it with `max_epochs` one higher."
+                "`lightning-nsv analyze --ckpt_path` on the last checkpoint, or resume from it with `max_epochs` "
+                "one higher."
             )
             return
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
