@@ -1,0 +1,61 @@
+"""Every test starts from the same process state, whatever ran before it.
+
+Tests and the code under test change process-wide settings: torch's and the BLAS libraries' thread counts
+(``--threads``, ``threadpool_limits``), the default dtype, float32 matmul precision, warning filters, logging
+levels and filters, environment variables (``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global
+random state. The fixture below records them before each test and puts back whatever changed, so the suite
+passes in any order (``python -m pytest -p randomly`` shuffles it; see the README).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import pytest
+import torch
+from threadpoolctl import threadpool_info, threadpool_limits
+
+
+def _blas_threads() -> list[tuple[str, str, int]]:
+    return [(info["user_api"], info["filepath"], info["num_threads"]) for info in threadpool_info()]
+
+
+def _logger_state() -> dict[str, tuple]:
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    return {lg.name: (lg.level, list(lg.filters), list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
+
+
+def _restore_loggers(saved: dict[str, tuple]) -> None:
+    for name, (level, filters, handlers, propagate, disabled) in saved.items():
+        lg = logging.getLogger(name) if name != "root" else logging.getLogger()
+        lg.setLevel(level)
+        lg.filters[:] = filters
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+
+
+@pytest.fixture(autouse=True)
+def restore_process_state():
+    threads, blas = torch.get_num_threads(), _blas_threads()
+    dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    rng = torch.get_rng_state()
+    environ, cwd = dict(os.environ), os.getcwd()
+    filters, loggers = list(warnings.filters), _logger_state()
+    yield
+    torch.set_num_threads(threads)
+    if _blas_threads() != blas:
+        threadpool_limits(limits={path: n for _, path, n in blas})
+    torch.set_default_dtype(dtype)
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    torch.use_deterministic_algorithms(deterministic)
+    torch.set_rng_state(rng)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    warnings.filters[:] = filters
+    warnings._filters_mutated()
+    _restore_loggers(loggers)
