@@ -102,12 +102,14 @@ def digits_standin(n: int, seed: int, chunk: int = 1000, *, digit_labels: bool =
     return torch.cat(xs)[:n], torch.cat(ys)[:n]
 
 
-def mnist(root: str, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mnist(root: str, m: int, seed: int, val_size: int = 0) -> tuple[torch.Tensor, ...]:
+    """``m`` seeded training samples of MNIST's 60,000 and the first ``val_size`` of its official test set."""
     from lightning_nsv.datamodules.mnist import BinaryMNISTDataModule
 
     dm = BinaryMNISTDataModule(root=root, m=m, seed=seed)
     dm.setup("fit")
-    return dm.train_dataset.tensors
+    x_val, y_val = (t[:val_size] for t in dm.val_dataset.tensors)
+    return (*dm.train_dataset.tensors, x_val, y_val)
 
 
 # ----------------------------------------------------------------------------------------- memory
@@ -552,9 +554,8 @@ def compare_main(args, log):
 
     # ---- m = 20,000: the paper's method, the exact dense reference, the package
     m = args.compare_m
-    x_all, y_all = load_data(args, max(m, args.large_m if args.large_m else 0) + args.val_size)
+    x_all, y_all, x_val, y_val = load_data(args, max(m, args.large_m if args.large_m else 0))
     x, y01 = x_all[:m], y_all[:m]
-    x_val, y_val = x_all[-args.val_size:], y_all[-args.val_size:]
     model, epochs, train_s, errors, cached = cached_model(x, y01, args, f"{args.data_key}_m{m}_seed{args.seed}")
     facts["train"] = f"m={m:,}: {epochs} epochs, {train_s:.0f} s{' (loaded from --cache-dir)' if cached else ''}, {errors} errors"
     log(facts["train"])
@@ -766,10 +767,14 @@ def _large_child(path: str, arguments: dict, queue) -> None:
 
 
 def load_data(args, n):
+    """``n`` training samples and ``--val-size`` held-out ones: MNIST's training and test splits, or the last
+    ``--val-size`` of ``n + --val-size`` stand-in samples."""
     if args.mnist_root:
-        x, y = mnist(args.mnist_root, n, args.seed)
-        return x.reshape(len(x), 1, 28, 28).to(torch.float32), y
-    return digits_standin(n, args.seed)
+        x, y, x_val, y_val = mnist(args.mnist_root, n, args.seed, args.val_size)
+        images = lambda t: t.reshape(len(t), 1, 28, 28).to(torch.float32)  # noqa: E731
+        return images(x), y, images(x_val), y_val
+    x, y = digits_standin(n + args.val_size, args.seed)
+    return x[:n], y[:n], x[n:], y[n:]
 
 
 def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
@@ -781,7 +786,7 @@ def compare_markdown(rows, facts, args, data_desc, total_s) -> str:
         f"- command: `{' '.join(shlex.quote(a) for a in [sys.executable.rsplit('/', 1)[-1], *sys.argv])}`",
         f"- machine: {machine()}; analysis device: {args.device}; torch threads in the analysis: "
         f"{args.analysis_threads}",
-        f"- data: {data_desc}; validation: the last {args.val_size:,} samples of the generated set (not in training)",
+        f"- data: {data_desc}; validation: {args.val_size:,} held-out samples ({'the first of MNIST’s test set' if args.mnist_root else 'the last of the generated set, not in training'})",
         f"- network: 784-{'-'.join(map(str, WIDTHS))}-1 ReLU, {'with' if args.bias else 'no'} biases; SGD lr {args.lr}, "
         f"momentum {args.momentum}, batch {args.batch_size}, logistic loss, seed {args.seed}, trained until "
         f"y·N(x) > 0 on every training sample (float64); {facts['train']}"
@@ -935,7 +940,7 @@ def main(argv=None) -> None:
                 rows.append({"m": m, "skipped": note})
                 continue
         if args.mnist_root:
-            x_all, y_all = mnist(args.mnist_root, m, args.seed)
+            x_all, y_all = mnist(args.mnist_root, m, args.seed)[:2]
         start = time.perf_counter()
         rows.append(run_size(m, x_all, y_all, args, log))
         previous = (m, time.perf_counter() - start)

@@ -325,7 +325,8 @@ def write_results(
     for metric, figure in _metric_figures(summary, table, step_key).items():
         writer.add_figure(f"{name}/sweep/{metric}", figure, close=True)
     text = markdown_table(summary, table)
-    writer.add_text(f"{name}/table", text + "\n\nmean ± sd over the seeds that reached zero training error")
+    spread = "one seed" if args.trials == 1 else "mean ± sd over the seeds that reached zero training error"
+    writer.add_text(f"{name}/table", f"{text}\n\n{spread}")
     writer.close()
     missed = [r for r in rows if not r.get("zero_error")]
     print(f"\n{name}: {len(rows) - len(missed)} of {len(rows)} trials reached zero training error; results in {out}")

@@ -147,7 +147,7 @@ def error_bar_caption(rows: Sequence[dict[str, Any]], key: str | None = None) ->
     if not reached:
         return "mean ± 1 sd over seeds"
     most = max(reached)
-    caption = f"mean ± 1 sd over {most} seed{'s' if most != 1 else ''}"
+    caption = "one seed, no error bars" if most == 1 else f"mean ± 1 sd over {most} seeds"
     fewer = [row for row in rows if row.get("reached") is not None and int(row["reached"]) < most]
     if fewer and key is not None:
         caption += " (" + ", ".join(f"{int(row['reached'])} at {key} = {row[key]}" for row in fewer) + ")"

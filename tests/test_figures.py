@@ -203,6 +203,7 @@ def test_short_number_and_error_bar_caption():
     rows = [{"m": 100, "reached": 3}, {"m": 200, "reached": 2}, {"m": 400, "reached": 3}]
     assert error_bar_caption(rows, "m") == "mean ± 1 sd over 3 seeds (2 at m = 200)"
     assert error_bar_caption(rows[:1]) == "mean ± 1 sd over 3 seeds"
+    assert error_bar_caption([{"reached": 1}, {"reached": 1}]) == "one seed, no error bars"  # not "sd over 1 seed"
     fig, ax = plot_sweep(rows, "m", {"reached": "seeds"}, xlabel="m", ylabel="seeds", logx=True)
     assert ax.get_legend().get_title().get_text() == "mean ± 1 sd over 3 seeds (2 at m = 200)"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["100", "200", "400"]
