@@ -86,7 +86,8 @@ def test_comparison_equals_python_sets(tmp_path, k, m, seed):
     assert metrics["jaccard_1_2"] == pytest.approx(comparison.jaccard[0, 1])
     assert metrics[f"in_runs_{k}"] == metrics["core_size"]
     report = comparison.report()
-    assert f"Core (a support vector in all {k} runs): {len(set.intersection(*sets))} sample" in report
+    every = "both" if k == 2 else f"all {k}"
+    assert f"Core (a support vector in {every} runs): {len(set.intersection(*sets))} sample" in report
     assert "another order" in report  # the runs list the samples in other orders: said, and compared by index
 
 
@@ -219,6 +220,9 @@ def test_command_refusal_exits_with_the_message(tmp_path, capsys):
         main(["compare", str(a)])
     with pytest.raises(SystemExit, match="no support-vector result at"):
         main(["compare", str(a), str(tmp_path / "missing.pt")])
+    with pytest.raises(SystemExit):
+        main(["compare", str(a), str(a), "--format", "png,gif"])
+    assert "--format can be png, pdf, svg" in capsys.readouterr().err
 
 
 def test_the_console_script_dispatches_compare(tmp_path):
@@ -270,3 +274,17 @@ def test_stability_figure_annotates_every_pair():
     plt.close(fig)
     with pytest.raises(ValueError, match="must be 2x2 for 2 names, got shape"):
         plot_jaccard_matrix(jaccard, ["a", "b"])
+
+
+def test_example_trains_seeds_on_one_training_set_and_compares_them(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        import support_stability
+    finally:
+        sys.path.pop(0)
+    comparison = support_stability.main(["--quick", "--m", "60", "--out", str(tmp_path), "--format", "png"])
+    assert comparison.k == 2 and comparison.m == 60 and comparison.names == ("seed 0", "seed 1")
+    assert all(n > 0 for n in comparison.n_support)
+    for name in ("support_stability.csv", "support_stability_samples.csv", "support_stability.md",
+                 "support_stability.png", "support_stability_frequent.png"):
+        assert (tmp_path / name).stat().st_size > 0, name

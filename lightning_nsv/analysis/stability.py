@@ -204,7 +204,7 @@ class SupportSetComparison:
         pairs, chance = self._pairs(), self.jaccard_chance[np.triu_indices(k, 1)]
         lines += ["", f"Pairwise Jaccard: mean {pairs.mean():.3f}, from {pairs.min():.3f} to {pairs.max():.3f}; "
                       f"random sets of the same sizes would overlap about {chance.mean():.3f}.",
-                  f"Core (a support vector in all {k} runs): {_samples(self.core.size)} "
+                  f"Core (a support vector in {'both' if k == 2 else f'all {k}'} runs): {_samples(self.core.size)} "
                   f"(random sets of these sizes: about {self.core_chance:.1f}); union (in any run): "
                   f"{_samples(self.union.size)}.", "",
                   f"| support vector in c of the {k} runs | training samples |", "|---|---|"]
@@ -511,14 +511,16 @@ def main(argv: Sequence[str] | None = None) -> SupportSetComparison:
                              f"always: {', '.join(LOADER_ARGS)})")
     parser.add_argument("--format", default="png", metavar="LIST", help="figure formats, comma-separated (png,pdf,svg)")
     args = parser.parse_args(argv)
-    formats = tuple(part.strip().lstrip(".") for part in args.format.split(",") if part.strip())
+    formats = tuple(dict.fromkeys(part.strip().lower().lstrip(".") for part in args.format.split(",") if part.strip()))
+    if not formats or set(formats) - {"png", "pdf", "svg"}:
+        parser.error(f"--format can be png, pdf, svg (comma-separated), got {args.format!r}")
     try:
         comparison = compare_support_sets(args.results, names=args.names, ignore_data_args=args.ignore_data_arg)
     except (OSError, ValueError) as error:
         raise SystemExit(f"lightning-nsv compare: error: {error}") from error
     print(comparison.report(), flush=True)
     if args.out is not None:
-        written, note = write_comparison(comparison, args.out, images=args.images, formats=formats or ("png",))
+        written, note = write_comparison(comparison, args.out, images=args.images, formats=formats)
         if note:
             print(note)
         print("wrote " + ", ".join(str(path) for path in written), flush=True)
