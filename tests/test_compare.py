@@ -131,7 +131,7 @@ def test_refusals_name_both_files_and_the_difference(tmp_path):
                   f"data module {DIGITS} vs my.Data"),
         "m": (_payload([0, 1], dm.train_indices[:50], labels[:50]), "m = 60 vs 50 training samples"),
         "labels": (_payload([0, 1], dm.train_indices, -labels), "training labels differ at 60 samples"),
-        "unrecorded": (_payload([0, 1], None, labels), "training indices recorded in support_vectors_epoch1.pt only"),
+        "unrecorded": (_payload([0, 1], None, labels), r"training indices recorded in \S*run0/support_vectors_epoch1.pt only"),
     }
     for name, (payload, message) in cases.items():
         other = _save(tmp_path / name, payload)
@@ -150,13 +150,20 @@ def test_refusals_name_both_files_and_the_difference(tmp_path):
     torch.save({"support": [1]}, broken)
     with pytest.raises(ArtifactMismatchError, match="is not a support-vector result"):
         compare_support_sets([a, broken])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_text("not a torch file")
+    with pytest.raises(ArtifactMismatchError, match="garbage.pt cannot be read as a support-vector result"):
+        compare_support_sets([a, garbage])
 
 
 def test_loader_arguments_may_differ_and_are_noted(tmp_path):
-    (a,), dm = _digits_runs(tmp_path / "a", [[0, 1, 2]])
-    (b,), _ = _digits_runs(tmp_path / "b", [[2, 3]], data_hparams={**DIGITS_ARGS, "batch_size": 20})
+    mean = {"mean": torch.tensor([0.5, 0.25])}  # a tensor argument, equal in both runs
+    (a,), dm = _digits_runs(tmp_path / "a", [[0, 1, 2]], data_hparams={**DIGITS_ARGS, **mean})
+    (b,), _ = _digits_runs(tmp_path / "b", [[2, 3]], data_hparams={**DIGITS_ARGS, **mean, "batch_size": 20})
     comparison = compare_support_sets([a, b])
     assert comparison.jaccard[0, 1] == pytest.approx(1 / 4)
+    assert comparison.notes == (f"{b} against {a}: data-module argument batch_size=100 vs 20 (allowed: it does not "
+                                "change the samples)",)
     assert "data-module argument batch_size=100 vs 20 (allowed" in comparison.report()
     with pytest.raises(IncomparableRunsError, match="batch_size=100 vs 20"):
         compare_support_sets([a, b], ignore_data_args=())

@@ -19,10 +19,11 @@ here; only the image grid rebuilds a data module (see :func:`support_images`).
 Example::
 
     >>> from lightning_nsv.analysis import compare_support_sets  # doctest: +SKIP
-    >>> comparison = compare_support_sets(["a/nsv/support_vectors_epoch29.pt", "b/nsv/support_vectors_epoch31.pt"])
-    >>> comparison.n_support, comparison.jaccard[0, 1], comparison.core.size
-    ((209, 244), 0.29, 60)
-    >>> print(comparison.report())
+    >>> runs = "runs/support_stability/tensorboard/seed={}/nsv/support_vectors_epoch{}.pt"
+    >>> comparison = compare_support_sets([runs.format(0, 54), runs.format(1, 42), runs.format(2, 45)])
+    >>> comparison.n_support, round(float(comparison.jaccard[0, 1]), 3), comparison.core.size
+    ((84, 97, 122), 0.146, 13)
+    >>> print(comparison.report())                    # markdown: runs, Jaccard matrix, core, frequencies
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from lightning_nsv.artifacts import SupportVectorArtifact, load_support_vectors
+from lightning_nsv.artifacts import ArtifactMismatchError, SupportVectorArtifact, load_support_vectors
 from lightning_nsv.atomic import save_figure, write_text
 
 __all__ = ["IMAGE_COUNT", "LOADER_ARGS", "ImagesUnavailable", "IncomparableRunsError", "SupportSetComparison",
@@ -280,7 +281,7 @@ def compare_support_sets(
     if len(runs) < 2:
         given = f" ({runs[0].path if isinstance(runs[0], SupportVectorArtifact) else runs[0]})" if runs else ""
         raise ValueError(f"comparing support sets needs at least 2 result files, got {len(runs)}{given}")
-    artifacts = [run if isinstance(run, SupportVectorArtifact) else load_support_vectors(run) for run in runs]
+    artifacts = [run if isinstance(run, SupportVectorArtifact) else _load(run) for run in runs]
     names = tuple(f"run {r}" for r in range(1, len(artifacts) + 1)) if names is None else tuple(names)
     if len(names) != len(artifacts) or len(set(names)) != len(names):
         raise ValueError(f"`names` must be {len(artifacts)} distinct names, one per run, got {list(names)}")
@@ -300,7 +301,7 @@ def compare_support_sets(
                 f"{first.path} and {other.path} are not runs on the same training samples: {'; '.join(problems)}. "
                 "Compare results of one data module with the same arguments (initialisation, model and training "
                 "may differ)")
-        notes += [f"{other.path.name} vs {first.path.name}: {text}" for text in allowed]
+        notes += [f"{other.path} against {first.path}: {text}" for text in allowed]
     recorded = first.train_indices is not None
     base = np.sort(_dataset_indices(first))
     membership = np.zeros((len(artifacts), first.m), dtype=bool)
@@ -312,6 +313,24 @@ def compare_support_sets(
         train_indices=base, labels=labels, membership=membership, data_class=first.data_class,
         data_hparams=first.data_hparams, indices_recorded=recorded, notes=tuple(notes),
     )
+
+
+def _load(path: str | Path) -> SupportVectorArtifact:
+    try:
+        return load_support_vectors(path)
+    except (OSError, ArtifactMismatchError):
+        raise
+    except Exception as error:  # torch.load of a file that is no torch file: KeyError, UnpicklingError, …
+        raise ArtifactMismatchError(f"{path} cannot be read as a support-vector result "
+                                    f"({type(error).__name__}: {error})") from error
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of recorded arguments, tensors included."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
+            torch.equal(a, b))
+    return a == b
 
 
 def _dataset_indices(artifact: SupportVectorArtifact) -> np.ndarray:
@@ -348,7 +367,7 @@ def _differences(a: SupportVectorArtifact, b: SupportVectorArtifact,
         problems.append(f"data module {a.data_class} vs {b.data_class}")
     args_a, args_b = a.data_hparams or {}, b.data_hparams or {}
     for key in sorted(set(args_a) | set(args_b)):
-        if args_a.get(key, "(not set)") != args_b.get(key, "(not set)"):
+        if not _same(args_a.get(key, "(not set)"), args_b.get(key, "(not set)")):
             text = f"{key}={args_a.get(key, '(not set)')!r} vs {args_b.get(key, '(not set)')!r}"
             (allowed if key in ignored else problems).append(
                 f"data-module argument {text}" + (" (allowed: it does not change the samples)" if key in ignored
@@ -357,7 +376,7 @@ def _differences(a: SupportVectorArtifact, b: SupportVectorArtifact,
         problems.append(f"m = {a.m} vs {b.m} training samples")
         return problems, allowed
     if (a.train_indices is None) != (b.train_indices is None):
-        problems.append(f"training indices recorded in {(a if b.train_indices is None else b).path.name} only")
+        problems.append(f"training indices recorded in {(a if b.train_indices is None else b).path} only")
         return problems, allowed
     index_a, index_b = _dataset_indices(a), _dataset_indices(b)
     only_a, only_b = np.setdiff1d(index_a, index_b), np.setdiff1d(index_b, index_a)
@@ -471,7 +490,8 @@ def write_comparison(
     from lightning_nsv.plotting import image_grid, plot_support_stability
 
     directory = Path(directory)
-    written = [comparison.to_csv(directory / f"{stem}.csv"), comparison.samples_to_csv(directory / f"{stem}_samples.csv"),
+    written = [comparison.to_csv(directory / f"{stem}.csv"),
+               comparison.samples_to_csv(directory / f"{stem}_samples.csv"),
                write_text(directory / f"{stem}.md", comparison.report() + "\n")]
     chance = float(comparison.jaccard_chance[np.triu_indices(comparison.k, 1)].mean())
     labels = [f"{name}\ns={s}" for name, s in zip(comparison.names, comparison.n_support)]
