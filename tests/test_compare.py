@@ -140,6 +140,8 @@ def test_refusals_name_both_files_and_the_difference(tmp_path):
         assert str(a) in str(error.value) and str(other) in str(error.value)
     with pytest.raises(ValueError, match=r"at least 2 result files, got 1 \(.*run0"):
         compare_support_sets([a])
+    with pytest.raises(ValueError, match=r"at least 2 result files, got 1 \(.*run0"):
+        compare_support_sets(str(a))  # one path, not a list of its characters
     with pytest.raises(ValueError, match="at least 2 result files, got 0"):
         compare_support_sets([])
     with pytest.raises(FileNotFoundError, match="no support-vector result at .*nowhere"):
@@ -295,3 +297,13 @@ def test_example_trains_seeds_on_one_training_set_and_compares_them(tmp_path):
     for name in ("support_stability.csv", "support_stability_samples.csv", "support_stability.md",
                  "support_stability.png", "support_stability_frequent.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_the_comparison_imports_no_lightning():
+    import subprocess
+
+    code = ("import sys, lightning_nsv.analysis; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -277,7 +277,7 @@ def compare_support_sets(
         IncomparableRunsError: two runs are not on the same training samples; the message names both files and
             every difference (data-module class, arguments, m, training indices, labels).
     """
-    runs = list(runs)
+    runs = [runs] if isinstance(runs, (str, Path, SupportVectorArtifact)) else list(runs)
     if len(runs) < 2:
         given = f" ({runs[0].path if isinstance(runs[0], SupportVectorArtifact) else runs[0]})" if runs else ""
         raise ValueError(f"comparing support sets needs at least 2 result files, got {len(runs)}{given}")
