@@ -154,7 +154,7 @@ def test_refusals_name_both_files_and_the_difference(tmp_path):
         compare_support_sets([a, broken])
     garbage = tmp_path / "garbage.pt"
     garbage.write_text("not a torch file")
-    with pytest.raises(ArtifactMismatchError, match="garbage.pt cannot be read as a support-vector result"):
+    with pytest.raises(ArtifactMismatchError, match=r"garbage\.pt"):
         compare_support_sets([a, garbage])
 
 
