@@ -123,6 +123,14 @@ class NSVLightningCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> None:
     """Run the command line; ``args`` replaces ``sys.argv[1:]`` (for tests)."""
+    import sys
+
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["compare"]:  # support sets of result files, not a Trainer command
+        from lightning_nsv.analysis.stability import main as compare
+
+        compare(argv[1:])
+        return
     tips = _DropTips()
     rank_zero_logger = logging.getLogger(f"{PACKAGE}.utilities.rank_zero")
     rank_zero_logger.addFilter(tips)

@@ -10,6 +10,8 @@
   only, the SVM only, or both.
 - Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`, error bars captioned by
   :func:`error_bar_caption`.
+- Support sets of several runs (:mod:`lightning_nsv.analysis.stability`): :func:`plot_jaccard_matrix`, and
+  :func:`plot_support_stability`, the matrix beside how many samples are support vectors in exactly c runs.
 
 Single-panel figures are :data:`CARD_WIDTH` (4.5 inches) wide: one column of a two-column paper with little
 scaling, and at matplotlib's 100 dpi about the 330-500 pixels that TensorBoard's image cards show, so their text
@@ -47,8 +49,10 @@ __all__ = [
     "max_margin_decision",
     "plot_agreement",
     "plot_decision_boundaries",
+    "plot_jaccard_matrix",
     "plot_max_margin_approach",
     "plot_path_weights",
+    "plot_support_stability",
     "plot_sweep",
     "plot_unique_patterns",
     "short_number",
@@ -407,3 +411,58 @@ def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], m
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig, ax
+
+
+def plot_jaccard_matrix(jaccard: np.ndarray, names: Sequence[str], ax: Any = None):
+    """The pairwise Jaccard overlaps ``|A ∩ B| / |A ∪ B|`` of k support sets as a heat map on [0, 1], each cell
+    annotated with its value (two decimals), with a colour bar."""
+    jaccard = np.asarray(jaccard, dtype=float)
+    k = len(names)
+    if jaccard.shape != (k, k):
+        raise ValueError(f"`jaccard` must be {k}x{k} for {k} names, got shape {jaccard.shape}")
+    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8)) if ax is None else (ax.figure, ax)
+    image = ax.imshow(jaccard, vmin=0.0, vmax=1.0, cmap="viridis")
+    size = float(np.clip(40 / max(k, 1), 5.0, 9.0))
+    for i in range(k):
+        for j in range(k):
+            value = jaccard[i, j]
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=size,
+                    color="black" if value > 0.6 else "white")
+    ax.set_xticks(range(k), names, fontsize=size, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+    ax.set_yticks(range(k), names, fontsize=size)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label("Jaccard |A ∩ B| / |A ∪ B|", fontsize=8)
+    return fig, ax
+
+
+def plot_support_stability(jaccard: np.ndarray, names: Sequence[str], in_runs: Sequence[int],
+                           chance: float | None = None, title: str | None = None):
+    """Support sets of k runs on one training set: :func:`plot_jaccard_matrix` (left; ``chance`` is the overlap
+    that random sets of the same sizes would have, said in the title) and, right, the training samples that are
+    a support vector in exactly c of the k runs, c = 1..k (``in_runs[c]``; c = k is the core)."""
+    k = len(names)
+    if len(in_runs) != k + 1:
+        raise ValueError(f"`in_runs` must count samples in 0..{k} runs ({k + 1} values), got {len(in_runs)}")
+    fig, (heat, bars) = plt.subplots(1, 2, figsize=(2 * CARD_WIDTH, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    plot_jaccard_matrix(jaccard, names, ax=heat)
+    off = np.asarray(jaccard, dtype=float)[~np.eye(k, dtype=bool)]
+    heading = f"support-set overlap: mean {off.mean():.2f}" if off.size else "support-set overlap"
+    if chance is not None:
+        heading += f"\n(random sets of these sizes: ≈ {chance:.2f})"
+    heat.set_title(heading, fontsize=9)
+    counts = np.asarray(in_runs[1:], dtype=float)
+    where = np.arange(1, k + 1)
+    bars.bar(where, counts, color=[POSITIVE if c == k else "0.6" for c in where])
+    for c, n in zip(where, counts):
+        bars.text(c, n, f"{int(n)}", ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(where, [str(c) for c in where])
+    bars.set_xlabel(f"support vector in c of the {k} runs")
+    bars.set_ylabel("training samples")
+    bars.set_ylim(0, max(counts.max(initial=0.0), 1.0) * 1.15)
+    bars.yaxis.set_major_locator(MaxNLocator(integer=True))
+    core = int(counts[-1]) if k else 0
+    bars.set_title(f"core (in all {k} runs): {core} sample{'' if core == 1 else 's'}", fontsize=9)
+    bars.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig, (heat, bars)
