@@ -23,19 +23,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt  # for the examples; the package's figures below never touch pyplot's state
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
+import numpy as np
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes, path_signs  # noqa: E402
-from lightning_nsv.support_vectors import max_margin_decision, signed_labels  # noqa: E402
-from lightning_nsv.ticks import unicode_log_ticks  # noqa: E402
+from lightning_nsv.path_space import PathNetwork, PathSigns, forward_with_slopes, path_signs
+from lightning_nsv.support_vectors import max_margin_decision, signed_labels
+from lightning_nsv.ticks import unicode_log_ticks
 
 __all__ = [
     "CARD_WIDTH",
@@ -98,7 +97,7 @@ def image_grid(
     tile = CARD_WIDTH / columns
     longest = max((len(t) for t in titles[:n]), default=1) if titles is not None else 1
     title_size = float(np.clip(0.9 * 72 * tile / (0.6 * longest), 5.0, 10.0))
-    fig, axes = plt.subplots(rows, columns, figsize=(CARD_WIDTH, rows * (tile + title_size / 60) + 0.35),
+    fig, axes = _subplots(rows, columns, figsize=(CARD_WIDTH, rows * (tile + title_size / 60) + 0.35),
                              squeeze=False)
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
@@ -121,7 +120,7 @@ def image_grid(
 def alpha_histogram(alpha: np.ndarray, bins: int = 40):
     """Histogram of the dual coefficients α of the support vectors on a log axis whose limits are whole decades,
     with at most 5 labelled ticks (unlabelled minor ticks)."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.0))
+    fig, ax = _subplots(figsize=(CARD_WIDTH, 3.0))
     alpha = np.asarray(alpha, dtype=float)
     alpha = alpha[alpha > 0]
     if alpha.size:
@@ -142,6 +141,13 @@ def alpha_histogram(alpha: np.ndarray, bins: int = 40):
     ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return fig, ax
+
+
+def _subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any):
+    """``plt.subplots`` without pyplot: a :class:`~matplotlib.figure.Figure` that no backend or figure manager
+    holds (a user's backend and open figures are left alone; nothing to close), drawn by whoever saves it."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 def error_bar_caption(rows: Sequence[dict[str, Any]], key: str | None = None) -> str:
@@ -227,7 +233,7 @@ def plot_decision_boundaries(
     puts the classes (points and regions) and the support vectors in a legend below the panels."""
     own_figure = axes is None
     if own_figure:
-        fig, axes = plt.subplots(1, 2, figsize=(8, 4.3), sharex=True, sharey=True)
+        fig, axes = _subplots(1, 2, figsize=(8, 4.3), sharex=True, sharey=True)
     else:
         fig = axes[0].figure
     x_train = np.asarray(x_train, dtype=np.float64).reshape(len(x_train), -1)
@@ -249,14 +255,14 @@ def plot_decision_boundaries(
         ax.set_ylim(grid.ys[0], grid.ys[-1])
     if legend:
         handles = [
-            plt.Line2D([], [], ls="", marker="o", ms=4, color=NEGATIVE, label="class −1"),
-            plt.Line2D([], [], ls="", marker="o", ms=4, color=POSITIVE, label="class +1"),
+            Line2D([], [], ls="", marker="o", ms=4, color=NEGATIVE, label="class −1"),
+            Line2D([], [], ls="", marker="o", ms=4, color=POSITIVE, label="class +1"),
             Patch(color=REGION_NEGATIVE, label="decided −1"),
             Patch(color=REGION_POSITIVE, label="decided +1"),
-            plt.Line2D([], [], color="k", lw=1.0, label="decision boundary"),
+            Line2D([], [], color="k", lw=1.0, label="decision boundary"),
         ]
         if support is not None and len(support):
-            handles.append(plt.Line2D([], [], ls="", marker="o", ms=6, mfc="none", mec="k",
+            handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="none", mec="k",
                                       label=f"{len(support)} support vectors"))
         axes[0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=3,
                        frameon=False)
@@ -269,7 +275,7 @@ def plot_path_weights(net: PathNetwork, signs: PathSigns | None = None):
     """Figures 8-9: the network drawn as a graph (edge colour = sign, width = magnitude within its layer) and
     the share of paths, and of path mass ``Σ|wbar_p|``, that is positive."""
     signs = path_signs(net) if signs is None else signs
-    fig, (graph, bars) = plt.subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (graph, bars) = _subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
     sizes = [net.in_features, *net.hidden_widths, 1]
     height = max(sizes)
     position = [np.linspace(0, height - 1, n) if n > 1 else np.array([(height - 1) / 2]) for n in sizes]
@@ -321,7 +327,7 @@ def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xl
                    caption: str | None = None):
     """Stacked bars of :func:`agreement_counts` per setting (Table II) and the agreement in percent; ``caption``
     (e.g. ``"mean over 3 seeds"``) says what the bars average."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.6))
+    fig, ax = _subplots(figsize=(CARD_WIDTH, 3.6))
     where = np.arange(len(labels))
     bottom = np.zeros(len(labels))
     for key, color, text in (("both", "0.35", "both"), ("network_only", "tab:orange", "network only"),
@@ -358,7 +364,7 @@ def plot_sweep(
     """Metrics (means with ``<metric>_std`` error bars) of summary rows against the swept parameter ``x``;
     ``series`` maps each metric to its legend label. The legend's title says what the error bars are over:
     ``caption``, by default :func:`error_bar_caption` of the rows."""
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.4)) if ax is None else (ax.figure, ax)
+    fig, ax = _subplots(figsize=(CARD_WIDTH, 3.4)) if ax is None else (ax.figure, ax)
     xs = np.array([row[x] for row in rows], dtype=float)
     for metric, label in series.items():
         mean = np.array([row[metric] for row in rows], dtype=float)
@@ -399,7 +405,7 @@ def plot_unique_patterns(rows: Sequence[dict[str, Any]], n_test: int | None = No
 def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], margin_ratio: Sequence[float],
                              title: str = "approach to the max-margin classifier"):
     """Cosine of ``wbar`` and ``v`` and the margin ratio against the epoch (log axis), one point per analysis."""
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = _subplots(figsize=(4.5, 3.2))
     ax.plot(epochs, cosine, "o-", label="cos(w̄, v)")
     ax.plot(epochs, margin_ratio, "s-", label="margin ratio")
     ax.set_xscale("log")
@@ -420,7 +426,7 @@ def plot_jaccard_matrix(jaccard: np.ndarray, names: Sequence[str], ax: Any = Non
     k = len(names)
     if jaccard.shape != (k, k):
         raise ValueError(f"`jaccard` must be {k}x{k} for {k} names, got shape {jaccard.shape}")
-    fig, ax = plt.subplots(figsize=(CARD_WIDTH, 3.8)) if ax is None else (ax.figure, ax)
+    fig, ax = _subplots(figsize=(CARD_WIDTH, 3.8)) if ax is None else (ax.figure, ax)
     image = ax.imshow(jaccard, vmin=0.0, vmax=1.0, cmap="viridis")
     size = float(np.clip(40 / max(k, 1), 5.0, 9.0))
     for i in range(k):
@@ -442,7 +448,7 @@ def plot_support_stability(jaccard: np.ndarray, names: Sequence[str], in_runs: S
     k = len(names)
     if len(in_runs) != k + 1:
         raise ValueError(f"`in_runs` must count samples in 0..{k} runs ({k + 1} values), got {len(in_runs)}")
-    fig, (heat, bars) = plt.subplots(1, 2, figsize=(2 * CARD_WIDTH, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, (heat, bars) = _subplots(1, 2, figsize=(2 * CARD_WIDTH, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
     plot_jaccard_matrix(jaccard, names, ax=heat)
     off = np.asarray(jaccard, dtype=float)[~np.eye(k, dtype=bool)]
     heading = f"support-set overlap: mean {off.mean():.2f}" if off.size else "support-set overlap"

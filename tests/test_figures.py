@@ -224,3 +224,29 @@ def test_save_figures_writes_every_format_at_the_resolution(tmp_path):
         assert image.width > 0.8 * CARD_WIDTH * 180
     assert not list(tmp_path.glob(".*.tmp"))
     plt.close(fig)
+
+
+def test_importing_the_package_leaves_the_matplotlib_backend_and_pyplot_alone(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import matplotlib; matplotlib.use('svg')\n"
+        "import numpy as np, matplotlib.pyplot as plt\n"
+        "import lightning_nsv.plotting as plotting, lightning_nsv.callbacks\n"
+        "fig, ax = plotting.alpha_histogram(np.linspace(1e-3, 1, 20))\n"
+        "fig.savefig(r'%s')\n"
+        "print(matplotlib.get_backend(), plt.get_fignums())\n" % (tmp_path / "alpha.png")
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["svg", "[]"]  # not switched to Agg; no figure left open in pyplot
+    assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_figures_render_to_rgb_for_image_loggers():
+    from lightning_nsv.callbacks.sinks import _rgb
+
+    fig, _ = alpha_histogram(np.linspace(1e-3, 1, 20))
+    image = _rgb(fig)
+    assert image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8 and image.std() > 0

@@ -34,8 +34,11 @@ def _file_stem(tag: str, step: int) -> str:
 
 
 def _rgb(figure: Any) -> np.ndarray:
-    figure.canvas.draw()
-    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the package's figures have no backend canvas
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
 class FigureSink:
