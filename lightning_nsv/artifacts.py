@@ -101,8 +101,8 @@ REQUIRED_KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join("None" if t is type(None) else t.__name__ for t in types)
+def _is_a(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)  # True is no epoch
 
 
 def _payload_problems(payload: Any) -> list[str]:
@@ -110,9 +110,9 @@ def _payload_problems(payload: Any) -> list[str]:
     if not isinstance(payload, Mapping):
         return [f"it holds a {type(payload).__name__}, not a dict of the result's keys"]
     problems = [f"key {k!r} is missing" for k in REQUIRED_KEYS if k not in payload]
-    problems += [f"key {k!r} holds a {type(payload[k]).__name__}, a {_type_names(t)} is expected"
-                 for k, t in REQUIRED_KEYS.items() if k in payload and not isinstance(payload[k], t)
-                 or k in payload and isinstance(payload[k], bool) and bool not in t]
+    problems += [f"key {k!r} holds a {type(payload[k]).__name__} where "
+                 f"{' or '.join('None' if t is type(None) else t.__name__ for t in types)} is expected"
+                 for k, types in REQUIRED_KEYS.items() if k in payload and not _is_a(payload[k], types)]
     if problems:
         return problems
     labels, alpha, support = payload["labels"], payload["alpha"], payload["support"]
@@ -157,7 +157,7 @@ def _portable(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         items = [_portable(v, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, (bool, int, float, str, bytes)) or value is None:
+    if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     raise TypeError(f"payload key {where} holds a {type(value).__name__}, which a safe load (weights_only=True) "
                     "cannot read: pass tensors, numbers, strings, lists or dicts (artifacts.plain converts)")
@@ -185,7 +185,7 @@ def content_sha256(payload: Mapping[str, Any]) -> str:
             for item in value:
                 feed(item)
         else:
-            text = value.hex() if isinstance(value, (float, bytes)) else repr(value)
+            text = value.hex() if isinstance(value, float) else repr(value)
             tag = type(value).__name__.encode()
             digest.update(b"V" + struct.pack("<QQ", len(tag), len(text)) + tag + text.encode())
 
@@ -272,7 +272,7 @@ def save_support_vectors(directory: str | Path, stem: str, payload: dict[str, An
         make_directory(directory)
         with locked(directory):
             resolve_interrupted([summary, pt], keep_previous=lambda: _fits(*_previous_pair(pt, summary)))
-            replace_together([(summary, summary_text), (pt, buffer.getvalue())])
+            replace_together([(summary, summary_text), (pt, buffer.getbuffer())])
     except OSError as error:
         advice = _save_advice(error)
         raise OSError(error.errno, f"could not save the support-vector result {pt}: {error.strerror}"
@@ -515,8 +515,9 @@ def load_support_vectors(path: str | Path) -> SupportVectorArtifact:
     with locked(pt.parent, shared=True):
         previous_pt, previous_summary = _previous_pair(pt, summary)
         if (previous_pt, previous_summary) != (pt, summary) and _fits(previous_pt, previous_summary):
-            warnings.warn(f"a save of {pt} was interrupted: its previous version is still beside it (.*.prev) and "
-                          "is loaded. The next save of this result cleans up", UserWarning, stacklevel=2)
+            warnings.warn(f"a save of {pt} was interrupted: its previous version is still beside it "
+                          f"({', '.join(p.name for p in (previous_pt, previous_summary) if p.name.endswith('.prev'))}) "
+                          "and is loaded. The next save of this result cleans up", UserWarning, stacklevel=2)
             pt, summary = previous_pt, previous_summary
         payload = _load_pair(pt, summary)
     net = payload["network"]
@@ -629,10 +630,11 @@ def _check_outputs(artifact: SupportVectorArtifact, net: PathNetwork, x_train: T
     worst = float(gap.max()) if gap.numel() else 0.0
     if not worst <= tolerance:  # NaN fails too
         row = int(gap.max(1).values.argmax())
+        saved_row, now_row = (v.reshape(len(indices), -1)[row].tolist() for v in (saved, now))
         raise ArtifactMismatchError(
             f"the rebuilt network computes other outputs than the analysed one in {artifact.path}: largest "
-            f"difference {worst:.3g} at training sample {int(indices[row])} (saved {saved.reshape(len(indices), -1)[row].tolist()}, "
-            f"now {now.reshape(len(indices), -1)[row].tolist()}), tolerance {tolerance:.3g} (output_rtol={rtol:g}). The "
+            f"difference {worst:.3g} at training sample {int(indices[row])} (saved {saved_row}, now {now_row}), "
+            f"tolerance {tolerance:.3g} (output_rtol={rtol:g}). The "
             "module's code, its weights or the data differ from the analysed run; the refit would describe "
             "another network. Pass the module and data module of that run, or a larger output_rtol if the "
             "difference is rounding (e.g. TF32 on a GPU)")

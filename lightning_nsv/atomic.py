@@ -43,7 +43,7 @@ def _temporary(path: Path) -> tuple[int, Path]:
     return fd, Path(tmp)
 
 
-def _write_and_sync(fd: int, data: bytes, path: Path) -> None:
+def _write_and_sync(fd: int, data: bytes | memoryview, path: Path) -> None:
     """Write ``data`` to ``fd`` (of a temporary file for ``path``) and fsync it."""
     view = memoryview(data)
     try:
@@ -72,8 +72,7 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], binary: bool = 
     path = Path(path)
     buffer = io.BytesIO() if binary else io.StringIO()
     write(buffer)
-    data = buffer.getvalue()
-    return write_bytes(path, data if binary else data.encode("utf-8"))
+    return write_bytes(path, buffer.getbuffer() if binary else buffer.getvalue().encode("utf-8"))
 
 
 def _umask() -> int:
@@ -114,7 +113,7 @@ def _refuse_directory(path: Path) -> None:
                                               "remove or rename the folder, or save elsewhere", str(path))
 
 
-def write_bytes(path: str | Path, data: bytes) -> Path:
+def write_bytes(path: str | Path, data: bytes | memoryview) -> Path:
     path = Path(path)
     make_directory(path.parent)
     _refuse_directory(path)
@@ -147,7 +146,7 @@ def save_figure(figure: Any, path: str | Path, dpi: int = 150, **kwargs: Any) ->
     """``figure.savefig`` to ``path`` (format from its suffix), atomically."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", dpi=dpi, **kwargs)
-    return write_bytes(path, buffer.getvalue())
+    return write_bytes(path, buffer.getbuffer())
 
 
 @contextlib.contextmanager
@@ -213,7 +212,7 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def replace_together(files: Sequence[tuple[Path, bytes]]) -> None:
+def replace_together(files: Sequence[tuple[Path, bytes | memoryview]]) -> None:
     """Replace each ``path`` by its ``data``, in the given order, as one change.
 
     Steps: write and fsync a temporary file for each; hard-link each current file to its backup

@@ -160,7 +160,7 @@ def test_a_save_killed_at_any_step_keeps_the_previous_result_and_the_next_save_c
         assert again.id == previous.id and torch.equal(again.alpha, previous.alpha), step
         if files(directory)[f"{STEM}.pt"] != before[f"{STEM}.pt"] or files(directory)[f"{STEM}.json"] != before[
                 f"{STEM}.json"]:  # killed after a rename: the backups hold the previous pair, and the loader says so
-            assert any("was interrupted: its previous version is still beside it" in str(w.message)
+            assert any(f"was interrupted: its previous version is still beside it (.{STEM}" in str(w.message)
                        for w in caught), step
         newest = save_support_vectors(directory, STEM, payload(scale=3.0))
         assert sorted(files(directory)) == [f"{STEM}.json", f"{STEM}.pt"], step  # no temporaries, no backups
@@ -260,9 +260,9 @@ def rewrite_pt(pt, change, resign=False):
 def test_a_pt_changed_after_saving_is_refused_with_or_without_its_json(tmp_path):
     pt = save_support_vectors(tmp_path, STEM, payload())
     rewrite_pt(pt, lambda saved: saved["alpha"].mul_(2))
-    with pytest.raises(ArtifactCorruptError, match=f"{pt} was changed after it was saved: the SHA-256 of its content "
-                                                   f"is \\w+…, the file records \\w+…; it differs from {STEM}.json at "
-                                                   "alpha_support. Do not use it") as caught:
+    changed = (f"{pt} was changed after it was saved: the SHA-256 of its content is \\w+…, the file records \\w+…; "
+               f"it differs from {STEM}.json at alpha_support. Do not use it")
+    with pytest.raises(ArtifactCorruptError, match=changed) as caught:
         load_support_vectors(pt)
     assert "two runs" not in str(caught.value) and "does not belong" not in str(caught.value)
     pt.with_suffix(".json").unlink()
@@ -291,7 +291,8 @@ def test_files_of_format_2_load_with_a_warning(tmp_path):
     torch.save(old, pt)
     with pytest.warns(UserWarning, match=f"{pt} was saved in result format 2, without a checksum"):
         assert load_support_vectors(pt).id == "a" * 32
-    pt.with_suffix(".json").write_text(json.dumps({"id": "a" * 32, "pt_sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}))
+    pt_sha256 = hashlib.sha256(pt.read_bytes()).hexdigest()
+    pt.with_suffix(".json").write_text(json.dumps({"id": "a" * 32, "pt_sha256": pt_sha256}))
     with pytest.warns(UserWarning, match="without a checksum"):
         assert load_support_vectors(pt).outputs is None
     old["alpha"] = old["alpha"] * 2
@@ -361,9 +362,9 @@ def test_a_pt_of_a_newer_format_asks_for_an_upgrade(tmp_path):
     (lambda saved: saved.update(support=saved["support"].double()), r"'support' must be indices in \[0, 3\)"),
     (lambda saved: saved.update(support=torch.tensor([0, 5])), r"'support' must be indices in \[0, 3\)"),
     (lambda saved: saved.update(alpha=saved["alpha"][:2]), r"'alpha' has shape \(2,\), but there are 3 labels"),
-    (lambda saved: saved.update(labels=[1.0, -1.0, 1.0]), "key 'labels' holds a list, a Tensor is expected"),
+    (lambda saved: saved.update(labels=[1.0, -1.0, 1.0]), "key 'labels' holds a list where Tensor is expected"),
     (lambda saved: saved.pop("module_state"), "key 'module_state' is missing"),
-    (lambda saved: saved.update(epoch=True), "key 'epoch' holds a bool, a int is expected"),
+    (lambda saved: saved.update(epoch=True), "key 'epoch' holds a bool where int is expected"),
 ], ids=["float-support", "support-out-of-range", "short-alpha", "labels-list", "no-state", "bool-epoch"])
 def test_a_pt_with_a_wrong_key_is_refused_by_name(tmp_path, change, message):
     pt = save_support_vectors(tmp_path, STEM, payload())

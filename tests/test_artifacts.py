@@ -92,7 +92,9 @@ def test_a_pair_from_two_runs_is_refused(tmp_path):
     first = save_support_vectors(tmp_path / "a", "support_vectors_epoch3", _payload())
     second = save_support_vectors(tmp_path / "b", "support_vectors_epoch3", _payload())
     os.replace(second.with_suffix(".json"), first.with_suffix(".json"))
-    with pytest.raises(ArtifactMismatchError, match=r"support_vectors_epoch3.json describes the result \w+…, but .*support_vectors_epoch3.pt holds the result \w+…: the two files come from two saves"):
+    with pytest.raises(ArtifactMismatchError, match=r"support_vectors_epoch3.json describes the result \w+…, but "
+                                                    r".*support_vectors_epoch3.pt holds the result \w+…: the two "
+                                                    "files come from two saves"):
         load_support_vectors(first)
 
 
