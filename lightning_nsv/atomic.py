@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import io
 import os
 import tempfile
@@ -200,16 +201,15 @@ def resolve_interrupted(paths: Sequence[Path], keep_previous: Callable[[], bool]
     if backups:
         restore = keep_previous()
         for path, backup in backups:
-            _restore(path, backup) if restore else backup.unlink()
+            if restore:
+                _restore(path, backup)
+            else:
+                backup.unlink()
     for path in paths:
-        for stale in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
             stale.unlink(missing_ok=True)
     if backups:
         _fsync_dir(paths[0].parent)
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 def replace_together(files: Sequence[tuple[Path, bytes | memoryview]]) -> None:
@@ -220,7 +220,8 @@ def replace_together(files: Sequence[tuple[Path, bytes | memoryview]]) -> None:
     remove the backups, the last file's first. On any failure the previous files are put back (a file that did
     not exist is removed) and the error, naming the file and the step, is raised. The change is complete when
     the first backup is removed: until then a reader that finds the backups (and they fit together) reads
-    them, and the next :func:`resolve_interrupted` puts them back. Callers hold :func:`locked` on the folder.
+    them, and the next :func:`resolve_interrupted` puts them back. A failure after that point (removing the
+    backups, the last fsync) does not fail the change. Callers hold :func:`locked` on the folder.
     """
     directory = files[0][0].parent
     for path, _ in files:
@@ -246,10 +247,11 @@ def replace_together(files: Sequence[tuple[Path, bytes | memoryview]]) -> None:
     except BaseException:
         _roll_back(renamed, dict(backups), temporaries, directory)
         raise
-    for _, backup in reversed(backups):  # the new files are in place and durable: the save succeeded
-        if backup is not None:
-            with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # the new files are in place and durable: the change is done
+        for _, backup in reversed(backups):
+            if backup is not None:
                 backup.unlink()
+        _fsync_dir(directory)  # so that the backups do not come back after a power loss
 
 
 def _roll_back(renamed: list[Path], backups: dict[Path, Path | None], temporaries: list[Path],

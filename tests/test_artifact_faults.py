@@ -56,7 +56,7 @@ def assert_previous_result(directory, before, previous):
 
 class FaultyOs:
     """``os`` for lightning_nsv.atomic, with a fault at the ``fault_at``-th write, fsync, link or rename (a
-    raised ``OSError``, or a SIGKILL of this process); ``steps`` records each such call."""
+    raised ``OSError``, or a SIGKILL of this process, a write killed half-way); ``steps`` records each call."""
 
     OPERATIONS = ("write", "fsync", "link", "replace")
 
@@ -76,6 +76,8 @@ class FaultyOs:
             n = len(self.steps)
             if self.fault_at is not None and (n == self.fault_at or self.persistent and n > self.fault_at):
                 if self.kill:
+                    if name == "write":  # killed in the middle of the write: half of the data is on disk
+                        real(args[0], args[1][: len(args[1]) // 2])
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise OSError(self.error, os.strerror(self.error))
             return real(*args, **kwargs)
@@ -96,12 +98,27 @@ def steps_of_a_save(tmp_path, monkeypatch):
 def test_a_save_passes_through_every_step_that_the_fault_tests_break(tmp_path, monkeypatch):
     steps = steps_of_a_save(tmp_path, monkeypatch)
     assert steps == ["write", "fsync file", "write", "fsync file", "link", "link", "fsync dir", "replace",
-                     "replace", "fsync dir"]
+                     "replace", "fsync dir", "fsync dir"]  # the last one after the backups are removed
+
+
+def steps_before_the_save_is_done(tmp_path, monkeypatch):
+    """Every step of a save up to its end: the removal of the backups (the last fsync comes after it)."""
+    return steps_of_a_save(tmp_path, monkeypatch)[:-1]
+
+
+def test_a_fault_after_the_backups_are_removed_does_not_fail_the_save(tmp_path, monkeypatch):
+    steps = steps_of_a_save(tmp_path, monkeypatch)
+    pt, _, previous = first_result(tmp_path / "late")
+    monkeypatch.setattr(atomic, "os", FaultyOs(len(steps)))
+    save_support_vectors(tmp_path / "late", STEM, payload(scale=2.0))
+    monkeypatch.setattr(atomic, "os", os)
+    assert torch.equal(load_support_vectors(pt).alpha, previous.alpha * 2)
+    assert sorted(files(tmp_path / "late")) == [f"{STEM}.json", f"{STEM}.pt"]
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["one-fault", "disk-stays-broken"])
 def test_a_fault_at_any_step_of_a_save_keeps_the_previous_result(tmp_path, monkeypatch, persistent):
-    steps = steps_of_a_save(tmp_path, monkeypatch)
+    steps = steps_before_the_save_is_done(tmp_path, monkeypatch)
     for fault_at, step in enumerate(steps, start=1):
         directory = tmp_path / f"{fault_at}"
         pt, before, previous = first_result(directory)
@@ -122,12 +139,10 @@ def test_a_fault_at_any_step_of_a_save_keeps_the_previous_result(tmp_path, monke
 
 
 def test_a_fault_at_any_step_of_a_first_save_leaves_no_result(tmp_path, monkeypatch):
-    steps = steps_of_a_save(tmp_path, monkeypatch)
+    steps = [s for s in steps_before_the_save_is_done(tmp_path, monkeypatch) if s != "link"]  # nothing to keep
     for fault_at, step in enumerate(steps, start=1):
-        if step == "link":
-            continue  # nothing to keep at a first save: no link
         directory = tmp_path / f"{fault_at}"
-        monkeypatch.setattr(atomic, "os", FaultyOs(fault_at - 2 * (fault_at > 6)))  # the first save has no links
+        monkeypatch.setattr(atomic, "os", FaultyOs(fault_at))
         with pytest.raises(OSError, match="could not save the support-vector result"):
             save_support_vectors(directory, STEM, payload())
         monkeypatch.setattr(atomic, "os", os)
@@ -150,7 +165,7 @@ def killed_save(directory, fault_at, scale=2.0):
 
 
 def test_a_save_killed_at_any_step_keeps_the_previous_result_and_the_next_save_cleans_up(tmp_path, monkeypatch):
-    for fault_at, step in enumerate(steps_of_a_save(tmp_path, monkeypatch), start=1):
+    for fault_at, step in enumerate(steps_before_the_save_is_done(tmp_path, monkeypatch), start=1):
         directory = tmp_path / f"{fault_at}"
         pt, before, previous = first_result(directory)
         assert killed_save(directory, fault_at), step
@@ -168,7 +183,7 @@ def test_a_save_killed_at_any_step_keeps_the_previous_result_and_the_next_save_c
 
 
 def test_a_first_save_killed_at_any_step_leaves_no_result(tmp_path, monkeypatch):
-    steps = [s for s in steps_of_a_save(tmp_path, monkeypatch) if s != "link"]
+    steps = [s for s in steps_before_the_save_is_done(tmp_path, monkeypatch) if s != "link"]
     for fault_at, step in enumerate(steps, start=1):
         directory = tmp_path / f"{fault_at}"
         directory.mkdir()
@@ -561,3 +576,39 @@ def test_reproduce_refuses_a_module_that_computes_otherwise_with_the_same_weight
     leaky = LeakyReLUMLP(widths=[32], beta=0.2)  # same state dict, another activation
     with pytest.raises(ArtifactMismatchError, match="computes other outputs"):
         reproduce(analysed, module=leaky)
+
+
+def test_the_output_check_of_a_k_class_network_states_its_tolerance():
+    from types import SimpleNamespace
+
+    from lightning_nsv.artifacts import _check_outputs
+
+    torch.manual_seed(0)
+    weights = [torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)]
+    net = PathNetwork.from_tensors(weights, None, [0.1], [1.0])
+    x = torch.randn(50, 4)
+    saved = SimpleNamespace(outputs=network_outputs(net, x, max_samples=20), m=50, path="nsv/result.pt")
+    assert saved.outputs["values"].shape == (20, 3) and saved.outputs["indices"][-1] == 49
+    rounded = PathNetwork.from_tensors([w * (1 + 1e-9) for w in weights], None, [0.1], [1.0])
+    _check_outputs(saved, rounded, x, rtol=1e-6)  # rounding passes
+    changed = PathNetwork.from_tensors([weights[0], weights[1] * (1 + 1e-4)], None, [0.1], [1.0])
+    with pytest.raises(ArtifactMismatchError, match=r"largest difference [\d.e-]+ at training sample \d+ \(saved "
+                                                    r"\[[^]]+, [^]]+, [^]]+\], now .*\(output_rtol=1e-06\)"):
+        _check_outputs(saved, changed, x, rtol=1e-6)
+    _check_outputs(saved, changed, x, rtol=1e-2)  # a looser tolerance, as for TF32 on a GPU
+
+
+def test_a_single_file_write_on_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """The writer of figures and text files (lightning_nsv.atomic.write_text, torch_save, save_figure)."""
+    target = tmp_path / "report.md"
+    atomic.write_text(target, "previous")
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match=f"writing {target} failed: No space left on device") as caught:
+        atomic.write_text(target, "next")
+    monkeypatch.undo()
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    assert files(tmp_path) == {"report.md": b"previous"}
