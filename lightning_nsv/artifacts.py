@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import io
@@ -93,7 +94,7 @@ def _json_value(value: Any) -> Any:
 
 _OPTIONAL_STR, _OPTIONAL_DICT = (str, type(None)), (dict, type(None))
 REQUIRED_KEYS: dict[str, tuple[type, ...]] = {
-    "support": (Tensor,), "alpha": (Tensor,), "intercept": (int, float), "labels": (Tensor,), "network": (dict,),
+    "id": (str,), "format_version": (int,), "support": (Tensor,), "alpha": (Tensor,), "intercept": (int, float), "labels": (Tensor,), "network": (dict,),
     "path_part": (str,), "path_module": _OPTIONAL_STR, "embedding": _OPTIONAL_STR, "module_class": _OPTIONAL_STR,
     "module_hparams": _OPTIONAL_DICT, "module_state": (dict,), "data_class": _OPTIONAL_STR,
     "data_hparams": _OPTIONAL_DICT, "train_indices": (Tensor, type(None)), "epoch": (int,), "global_step": (int,),
@@ -102,7 +103,7 @@ REQUIRED_KEYS: dict[str, tuple[type, ...]] = {
 
 
 def _is_a(value: Any, types: tuple[type, ...]) -> bool:
-    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)  # True is no epoch
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)  # bool subclasses int
 
 
 def _payload_problems(payload: Any) -> list[str]:
@@ -123,8 +124,6 @@ def _payload_problems(payload: Any) -> list[str]:
             0 <= int(support.min()) and int(support.max()) < m):
         problems.append(f"'support' must be indices in [0, {m}) (shape (s,), an integer dtype), "
                         f"got {support.dtype} of shape {tuple(support.shape)}")
-    if payload["train_indices"] is not None and payload["train_indices"].shape != (m,):
-        problems.append(f"'train_indices' has shape {tuple(payload['train_indices'].shape)}, expected ({m},)")
     network = payload["network"]
     if not (isinstance(network.get("weights"), (list, tuple)) and network["weights"]
             and all(isinstance(w, Tensor) for w in network["weights"])):
@@ -218,7 +217,7 @@ def _summary(payload: Mapping[str, Any]) -> dict[str, Any]:
         "solver": payload["solver"],
         "data": {"class": payload["data_class"], "init_args": payload["data_hparams"]},
         "module": {"class": payload["module_class"], "path_part": payload["path_part"]},
-        "versions": payload["versions"],
+        "versions": payload.get("versions"),
         "report": payload.get("report", ""),
     })))
 
@@ -231,8 +230,6 @@ def _check_stem(stem: Any) -> None:
 
 
 def _save_advice(error: OSError) -> str:
-    import errno
-
     return {errno.ENOSPC: "free space on that disk or pass another save_dir",
             errno.EDQUOT: "the disk quota is used up: free space or pass another save_dir",
             errno.EFBIG: "the file is larger than the file-size limit of this process (ulimit -f): raise the "
@@ -259,11 +256,11 @@ def save_support_vectors(directory: str | Path, stem: str, payload: dict[str, An
     _check_stem(stem)
     directory = Path(directory)
     pt, summary = directory / f"{stem}.pt", directory / f"{stem}.json"
+    payload = _portable({**payload, "id": uuid.uuid4().hex, "format_version": FORMAT_VERSION, "report": report,
+                         "versions": {"lightning_nsv": __version__, "torch": str(torch.__version__)}}, "payload")
     problems = _payload_problems(payload)
     if problems:
         raise ValueError(f"cannot save {pt}, the payload is not a support-vector result: " + "; ".join(problems))
-    payload = _portable({**payload, "id": uuid.uuid4().hex, "format_version": FORMAT_VERSION, "report": report,
-                         "versions": {"lightning_nsv": __version__, "torch": str(torch.__version__)}}, "payload")
     payload["sha256"] = content_sha256(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -408,7 +405,7 @@ def _check_content(payload: dict, pt: Path, summary: Path) -> None:
     if summary.is_file() and not _payload_problems(payload):
         try:
             differing = _differences(_read_summary(summary), _summary({**payload, "sha256": recorded}))
-        except ArtifactMismatchError:  # a damaged .json says nothing about what changed
+        except (ArtifactMismatchError, KeyError, TypeError, IndexError):  # nothing to compare with
             differing = []
         if differing:
             changed = f"; it differs from {summary.name} at {_describe(differing)}"
