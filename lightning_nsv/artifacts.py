@@ -602,6 +602,9 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
         raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
     if artifact.outputs is not None:
         _check_outputs(artifact, net, x_train, output_rtol)
+    else:
+        warnings.warn(f"{artifact.path} holds no network outputs (saved before format 3): nothing shows whether the "
+                      "rebuilt network computes what the analysed one did", UserWarning, stacklevel=2)
     val = getattr(datamodule, "val_dataset", None)
     x_val, y_val = embedded(val) if val is not None and len(val) else (None, None)
     solver = artifact.solver
