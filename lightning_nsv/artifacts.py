@@ -476,9 +476,14 @@ def _fits(pt: Path, summary: Path) -> bool:
 
 
 def _previous_pair(pt: Path, summary: Path) -> tuple[Path, Path]:
-    """The pair as it was before an interrupted save (:func:`~lightning_nsv.atomic.replace_together` keeps the
-    previous files as backups until the new ones are in place); ``(pt, summary)`` when there are no backups."""
-    return tuple(backup_path(p) if backup_path(p).exists() else p for p in (pt, summary))
+    """The pair as it was before an interrupted save; ``(pt, summary)`` when there are no backups.
+
+    :func:`~lightning_nsv.atomic.replace_together` links the ``.json``'s backup before the ``.pt``'s and removes
+    them in the opposite order, so a ``.pt`` backup without a ``.json`` backup means there was no ``.json``.
+    """
+    if backup_path(pt).exists():
+        return backup_path(pt), backup_path(summary)
+    return pt, backup_path(summary) if backup_path(summary).exists() else summary
 
 
 def _pair_paths(path: Path) -> tuple[Path, Path]:

@@ -164,17 +164,25 @@ def killed_save(directory, fault_at, scale=2.0):
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
-def test_a_save_killed_at_any_step_keeps_the_previous_result_and_the_next_save_cleans_up(tmp_path, monkeypatch):
-    for fault_at, step in enumerate(steps_before_the_save_is_done(tmp_path, monkeypatch), start=1):
+@pytest.mark.parametrize("previous_json", [True, False], ids=["pair", "pt-without-json"])
+def test_a_save_killed_at_any_step_keeps_the_previous_result_and_the_next_save_cleans_up(tmp_path, monkeypatch,
+                                                                                         previous_json):
+    steps = steps_before_the_save_is_done(tmp_path, monkeypatch)
+    if not previous_json:
+        steps.remove("link")  # no .json to keep
+    for fault_at, step in enumerate(steps, start=1):
         directory = tmp_path / f"{fault_at}"
         pt, before, previous = first_result(directory)
+        if not previous_json:  # e.g. removed by hand: the previous result is the .pt alone
+            pt.with_suffix(".json").unlink()
+            before = files(directory)
         assert killed_save(directory, fault_at), step
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             again = load_support_vectors(pt)
         assert again.id == previous.id and torch.equal(again.alpha, previous.alpha), step
-        if files(directory)[f"{STEM}.pt"] != before[f"{STEM}.pt"] or files(directory)[f"{STEM}.json"] != before[
-                f"{STEM}.json"]:  # killed after a rename: the backups hold the previous pair, and the loader says so
+        if any(files(directory).get(name) != before.get(name) for name in (f"{STEM}.pt", f"{STEM}.json")):
+            # killed after a rename: the backups hold the previous pair, and the loader says so
             assert any(f"was interrupted: its previous version is still beside it (.{STEM}" in str(w.message)
                        for w in caught), step
         newest = save_support_vectors(directory, STEM, payload(scale=3.0))
