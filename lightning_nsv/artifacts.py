@@ -271,10 +271,13 @@ def save_support_vectors(directory: str | Path, stem: str, payload: dict[str, An
             resolve_interrupted([summary, pt], keep_previous=lambda: _fits(*_previous_pair(pt, summary)))
             replace_together([(summary, summary_text), (pt, buffer.getbuffer())])
     except OSError as error:
+        if not directory.is_dir():
+            outcome = f"The folder {directory} is gone (removed during the save?): nothing was saved"
+        else:
+            outcome = "The previous result there, if any, is unchanged"
         advice = _save_advice(error)
         raise OSError(error.errno, f"could not save the support-vector result {pt}: {error.strerror}"
-                                   f"{'; ' + advice if advice else ''}. The previous result there, if any, is "
-                                   "unchanged", str(pt)) from error
+                                   f"{'; ' + advice if advice else ''}. {outcome}", str(pt)) from error
     return pt
 
 

@@ -486,6 +486,27 @@ def test_a_folder_without_write_permission_is_named_and_keeps_the_previous_resul
     assert_previous_result(tmp_path, before, previous)
 
 
+def test_a_folder_removed_during_the_save_is_named_and_nothing_is_left(tmp_path, monkeypatch):
+    import shutil
+
+    directory = tmp_path / "nsv"
+    pt, _, _ = first_result(directory)
+
+    class RemovedFolder(FaultyOs):
+        def __getattr__(self, name):
+            if name == "link":  # another process removes the run's folder while the temporaries are written
+                shutil.rmtree(directory, ignore_errors=True)
+            return getattr(os, name)
+
+    monkeypatch.setattr(atomic, "os", RemovedFolder())
+    with pytest.raises(FileNotFoundError, match=f"could not save the support-vector result {pt}: keeping the "
+                                                f"previous version of {pt.with_suffix('.json')} failed: No such file "
+                                                f"or directory. The folder {directory} is gone"):
+        save_support_vectors(directory, STEM, payload(scale=2.0))
+    monkeypatch.setattr(atomic, "os", os)
+    assert not directory.exists()
+
+
 def test_stems_with_dots_load_by_their_stem_and_stems_with_folders_are_refused(tmp_path):
     pt = save_support_vectors(tmp_path, "run.v2", payload())
     assert pt.name == "run.v2.pt" and load_support_vectors(tmp_path / "run.v2").path == pt
