@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -92,7 +91,9 @@ def test_a_pair_from_two_runs_is_refused(tmp_path):
     first = save_support_vectors(tmp_path / "a", "support_vectors_epoch3", _payload())
     second = save_support_vectors(tmp_path / "b", "support_vectors_epoch3", _payload())
     os.replace(second.with_suffix(".json"), first.with_suffix(".json"))
-    with pytest.raises(ArtifactMismatchError, match="does not belong to .* the pair comes from two runs"):
+    with pytest.raises(ArtifactMismatchError, match=r"support_vectors_epoch3.json describes the result \w+…, but "
+                                                    r".*support_vectors_epoch3.pt holds the result \w+…: the two "
+                                                    "files come from two saves"):
         load_support_vectors(first)
 
 
@@ -100,5 +101,5 @@ def test_files_that_are_not_results_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no support-vector result at"):
         load_support_vectors(tmp_path / "missing.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ArtifactMismatchError, match="is not a support-vector result of format"):
+    with pytest.raises(ArtifactMismatchError, match="is not a support-vector result of format 2–3"):
         load_support_vectors(tmp_path / "other.pt")

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.aggregation import SumMetric
 
-from lightning_nsv.artifacts import class_path, plain, save_support_vectors
+from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.extract import PathPart, find_path_part
@@ -600,7 +600,7 @@ class NetworkSupportVectors(Callback):
         self._say(trainer, f"NetworkSupportVectors: analysis done in {_seconds(time.perf_counter() - started)}\n"
                            + analysis.report())
         step = trainer.global_step
-        self._save(trainer, pl_module, directory, analysis, y_train, net)
+        self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis), step)
         metrics = analysis.to_metrics()
@@ -657,7 +657,7 @@ class NetworkSupportVectors(Callback):
         return Path(self.save_dir) if self.save_dir else log_directory(trainer) / "nsv"
 
     def _save(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor,
-              net) -> Path:
+              net, x_train: Tensor) -> Path:
         datamodule = trainer.datamodule
         source = getattr(datamodule, "train_indices", None)
         module_hparams = getattr(pl_module, "hparams", None)
@@ -687,6 +687,7 @@ class NetworkSupportVectors(Callback):
                        "C_effective": getattr(analysis.svm, "C_effective", None),
                        "kkt_residual": analysis.svm.kkt_residual, "iterations": getattr(analysis.svm, "iterations", 0)},
             "metrics": analysis.to_metrics(),
+            "outputs": network_outputs(net, x_train),  # reproduce() compares them
         }
         return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
                                     report=analysis.report())
