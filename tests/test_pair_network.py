@@ -105,6 +105,32 @@ class Residual(nn.Module):
         return self.head(torch.cat([torch.flatten(h, 1), 2.0 * pooled], dim=1)).squeeze(1)
 
 
+class Reshapes(nn.Module):
+    """Functional and method forms: view with a size, unsqueeze/permute/transpose, in-place sum, buffers as a constant
+    scale and shift, division by a parameter, negation, functional pools, sum, dropout in eval, an output index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1, bias=False)
+        self.register_buffer("offset", torch.tensor([0.25, -0.5]).view(1, 2, 1, 1))
+        self.register_buffer("gain", torch.tensor([2.0, -3.0]).view(1, 2, 1, 1))
+        self.divisor = nn.Parameter(torch.tensor([1.5, -0.7]).view(2, 1, 1))
+        self.unflatten = nn.Unflatten(1, (2, 16))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = x.view(x.size(0), 2, 6, 6) + self.offset
+        h = self.conv(h)
+        h += self.gain * h.relu()
+        h = -F.avg_pool2d(h, 2, stride=1) / self.divisor        # (n, 2, 5, 5)
+        h = F.adaptive_max_pool2d(h, (4, 4))
+        h = F.dropout(h, 0.5, training=False)
+        h = self.unflatten(torch.flatten(h, 1)).unsqueeze(1)     # (n, 1, 2, 16)
+        h = h.permute(0, 1, 3, 2).transpose(2, 3).squeeze(1)    # (n, 2, 16)
+        h = self.head(h).sum(1) + torch.sum(h, dim=(1, 2), keepdim=True)[:, 0]
+        return h[:, 1]
+
+
 def conv_net(conv: nn.Module, pool: nn.Module, features: int, outputs: int = 1, act: nn.Module | None = None):
     return nn.Sequential(conv, act or nn.ReLU(), pool, nn.Flatten(), nn.Linear(features, outputs))
 
@@ -140,6 +166,7 @@ CASES = {
     "conv3d_bn_maxpool": (lambda: randomise_bn(nn.Sequential(
         nn.Conv3d(1, 2, 2), nn.BatchNorm3d(2), nn.ReLU(), nn.MaxPool3d(2, ceil_mode=True), nn.Flatten(),
         nn.Linear(16, 1))), (1, 4, 4, 4)),
+    "reshapes_functional_buffers": (lambda: Reshapes(), (72,)),
     "mlp_bias": (lambda: mlp_sequential(16, [5, 4], 1, beta=0.1), (4, 4)),
     "mlp_no_bias_3_outputs": (lambda: mlp_sequential(16, [5, 4], 3, activation="relu", bias=False), (16,)),
 }
@@ -385,3 +412,73 @@ def test_pair_blocks_do_not_depend_on_memory_budget():
     small = PairNetworkColumns(graph, x, gates, memory_bytes=1 << 12).columns([3, 1, 4])
     large = PairNetworkColumns(graph, x, compute_gates(graph, x)).columns([3, 1, 4])
     assert torch.equal(small, large)
+
+
+def test_plain_chain_takes_the_fast_path_and_others_do_not():
+    x = inputs((4, 4))
+    assert trace(mlp_sequential(16, [5, 4], 1), x).chain is not None
+    assert trace(mlp_sequential(16, [5], 3, bias=False), x).chain is not None
+    assert trace(nn.Sequential(nn.Flatten(), nn.Linear(16, 3), nn.Linear(3, 1)), x).chain is None
+    assert trace(CASES["conv_relu_linear"][0](), inputs((1, 8, 8))).chain is None
+    mixed = nn.Sequential(nn.Flatten(), nn.Linear(16, 3), nn.ReLU(), nn.Linear(3, 1, bias=False))
+    assert trace(mixed, x).chain is None  # a bias-free last layer: §1's bias variant would count its bias paths
+
+
+class Outputs(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self, self.fc(x))
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda s, h: (h, h), "one tensor of logits"),
+    (lambda s, h: h.t(), "batch|operation table"),
+    (lambda s, h: h.permute(1, 0), "batch"),
+    (lambda s, h: h.reshape(-1), "batch"),
+    (lambda s, h: h[0], "batch"),
+    (lambda s, h: torch.cat([h, h], 0), "batch"),
+    (lambda s, h: h * s.fc.weight.sum(), "computes a tensor from parameters"),
+    (lambda s, h: h / h[:, :1], "input-dependent"),
+    (lambda s, h: h.sum(), "batch"),
+    (lambda s, h: F.linear(h, s.fc.weight), "linear"),
+])
+def test_refused_graphs(fn, match):
+    with pytest.raises(ValueError, match=match):
+        trace(Outputs(fn), inputs((4,)))
+
+
+def test_two_inputs_refused():
+    class Two(nn.Module):
+        def forward(self, x, y):
+            return x.sum(1) + y.sum(1)
+    with pytest.raises(NotPiecewiseLinearError, match="2 arguments"):
+        trace(Two(), inputs((4,)))
+
+
+def test_non_finite_values_are_errors():
+    from lightning_nsv.errors import NonFiniteError
+    module = mlp_sequential(4, [3], 1)
+    graph = trace(module, inputs((4,)))
+    bad = inputs((4,))
+    bad[1, 2] = float("nan")
+    with pytest.raises(NonFiniteError):
+        compute_gates(graph, bad)
+    module[1].weight.data[0, 0] = float("inf")
+    with pytest.raises(NonFiniteError):
+        trace(module, inputs((4,)))
+
+
+def test_float32_module_analysed_in_float64_exactly():
+    """0.1 in float32 is not 0.1: slopes and every computation are float64 whatever the module's dtype."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv1d(1, 2, 3), nn.LeakyReLU(0.1), nn.Flatten(), nn.Linear(12, 1))
+    x = inputs((1, 8), n=5)
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    assert graph.rules["_1"].beta == 0.1
+    check_against_enumeration(module, x)
+    assert next(module.parameters()).dtype == torch.float32

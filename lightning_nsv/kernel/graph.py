@@ -487,6 +487,10 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
             classifier.const(node.target)
         elif node.op != "output":
             rules[node.name] = classifier.classify(node)
+    result_node = nodes[-1].args[0]
+    if not isinstance(result_node, fx.Node) or result_node not in classifier.dynamic:
+        raise NotPiecewiseLinearError(f"{type(module).__name__}.forward returns {result_node!r}; the path kernel "
+                                      "needs one tensor of logits, (n,) or (n, K), that depends on the input")
     frees = _frees(nodes)
     result = PiecewiseGraph(nodes, rules, classifier.consts, frees, (), (), device, [], [], 0)
     _probe(result, module, example, classifier)
