@@ -22,7 +22,7 @@ from lightning_nsv.kernel import (
 from lightning_nsv.kernel.rules import Linear
 from lightning_nsv.models.layers import LeakyReLUFamily, mlp_sequential
 from lightning_nsv.path_space import path_kernel
-from tests.pair_reference import enumerate_paths, output_phi, shared_paths
+from tests.pair_reference import output_phi, shared_paths
 
 TOL = 1e-12
 
