@@ -482,3 +482,19 @@ def test_float32_module_analysed_in_float64_exactly():
     assert graph.rules["_1"].beta == 0.1
     check_against_enumeration(module, x)
     assert next(module.parameters()).dtype == torch.float32
+
+
+def test_lightning_module_in_training_mode_is_read_as_is():
+    """A LightningModule of the package (no BatchNorm or dropout): traced in training mode, left in it."""
+    from lightning_nsv.models import ConvFCNet
+    torch.manual_seed(0)
+    model = ConvFCNet(in_channels=1, image_size=8, fc_depth=1, fc_width=4, conv_channels=2)
+    x = inputs((1, 8, 8), n=5)
+    graph = trace(model, x)
+    assert model.training and next(model.parameters()).dtype == torch.float32
+    assert str(scope_summary(graph)) == "whole network: 5 maps, 4 gate layers, 2 max-pools, 212 gates"
+    gates = compute_gates(graph, x)
+    assert relative(gates.output, reference_output(model, x)) < TOL
+    kernel = PairNetworkColumns(graph, x, gates).columns(range(5))
+    phi, _ = output_phi(graph, x, 0)
+    assert relative(kernel, phi @ phi.T) < TOL

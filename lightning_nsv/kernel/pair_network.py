@@ -119,8 +119,9 @@ class PairNetworkColumns:
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
                  fast: bool = True) -> None:
-        if len(x) != len(gates):
-            raise ValueError(f"{len(x)} inputs and gates of {len(gates)} samples")
+        if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
+            raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
+                             f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
         self.graph, self.gates = graph, gates
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
@@ -233,6 +234,9 @@ def output_gram(graph: PiecewiseGraph) -> Tensor:
         else _norm(graph, capture=source.name)
     mass = mass.reshape(-1)
     a = rule.weight
+    if mass.numel() != a.shape[1]:
+        raise ValueError(f"output_gram needs the last Linear applied to (n, features), got {mass.numel()} values for "
+                         f"{a.shape[1]} features")
     gram = (a * mass) @ a.T
     if rule.bias is not None:
         gram = gram + rule.bias[:, None] * rule.bias[None, :]
