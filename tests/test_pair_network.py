@@ -64,7 +64,8 @@ def check_against_enumeration(module: nn.Module, x: torch.Tensor) -> dict[str, f
     n_x = reference_output(module, x)
     cols = PairNetworkColumns(graph, x, gates, fast=False, memory_bytes=1 << 16)
     kernel = cols.columns(range(len(x)))
-    errors = {"output_vs_module": relative(gates.output, n_x)}
+    plain = PairNetworkColumns(graph, x, gates, fast=False, collapse=False, memory_bytes=1 << 16)
+    errors = {"output_vs_module": relative(gates.output, n_x), "plain": relative(plain.columns(range(len(x))), kernel)}
     for k in range(graph.num_outputs):
         phi, wbar = output_phi(graph, x, k)
         out_k = n_x if n_x.dim() == 1 else n_x[:, k]
@@ -498,3 +499,30 @@ def test_lightning_module_in_training_mode_is_read_as_is():
     kernel = PairNetworkColumns(graph, x, gates).columns(range(5))
     phi, _ = output_phi(graph, x, 0)
     assert relative(kernel, phi @ phi.T) < TOL
+
+
+COLLAPSIBLE = {
+    "conv_relu_conv": lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv2d(3, 2, 3),
+                                            nn.LeakyReLU(0.1), nn.Flatten(), nn.Linear(72, 2)),
+    "conv_bn_abs_conv_maxpool": lambda: randomise_bn(nn.Sequential(
+        nn.Conv2d(2, 3, 3, bias=False), nn.BatchNorm2d(3), LeakyReLUFamily(-1.0, 1.0), nn.Conv2d(3, 2, 2, stride=2),
+        nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2, 1))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COLLAPSIBLE))
+def test_channel_collapse_equals_plain_pair_network(case):
+    """DESIGN.md §2c "Speed": gates between a groups=1 conv and a channel sum enter through overlap counts."""
+    torch.manual_seed(0)
+    module = COLLAPSIBLE[case]()
+    x = inputs((2, 8, 8), n=6)
+    graph = trace(module, x)
+    collapsed = [g for g in graph.gates if graph.rules[g[0]].collapse]
+    assert len(collapsed) == {"conv_relu_conv": 2, "conv_bn_abs_conv_maxpool": 1}[case]
+    gates = compute_gates(graph, x)
+    plain = PairNetworkColumns(graph, x, gates, collapse=False)
+    fused = PairNetworkColumns(graph, x, gates)
+    assert relative(fused.columns([4, 0, 2]), plain.columns([4, 0, 2])) < 1e-14
+    assert relative(fused.diagonal(), plain.diagonal()) < 1e-14
+    assert relative(fused.block([1, 3]), plain.block([1, 3])) < 1e-14
+    check_against_enumeration(module, x)

@@ -175,7 +175,9 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
             return
         dynamic = [a for a in node.all_input_nodes if a in classifier.dynamic]
         in_shape = tuple(x.shape) if dynamic[0].op == "placeholder" else env_shapes[dynamic[0].name]
-        graph.rules[node.name].bind(in_shape, tuple(value.shape))
+        rule = graph.rules[node.name]
+        rule.in_shape, rule.out_shape = in_shape, tuple(value.shape)
+        rule.bind(in_shape, tuple(value.shape))
         env_shapes[node.name] = tuple(value.shape)
 
     out = run(graph, x, "forward", _Recorder(), after=bind)
@@ -187,6 +189,7 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
     graph.peak_elements = _peak_elements(graph, env_shapes, names, math.prod(graph.input_shape))
     graph.chain = _chain(graph, classifier, env_shapes)
     graph.dynamic = frozenset(n.name for n in classifier.dynamic)
+    _mark_collapsible_gates(graph, classifier)
 
 
 def _check_output(graph: PiecewiseGraph, module: nn.Module, example: Tensor, out: Tensor) -> None:
@@ -259,3 +262,42 @@ def _chain(graph: PiecewiseGraph, classifier: Classifier, shapes: dict) -> tuple
     if state not in ("linear", "output") or len({rule.bias is None for rule in linears}) != 1:
         return None
     return linears, gates
+
+
+def _constant_channels(node: fx.Node, graph: PiecewiseGraph) -> bool:
+    """Whether the pair network's value at ``node`` is the same in every channel: a groups=1 conv, then shifts
+    (BatchNorm, bias, identity) that keep the shape."""
+    rule = graph.rules.get(node.name)
+    if isinstance(rule, R.Conv):
+        return rule.groups == 1
+    if isinstance(rule, (R.BatchNorm, R.Identity, R.Shift)):
+        source = [a for a in node.all_input_nodes if a.name in graph.dynamic]
+        return len(source) == 1 and rule.in_shape == rule.out_shape and _constant_channels(source[0], graph)
+    return False
+
+
+def _mark_collapsible_gates(graph: PiecewiseGraph, classifier: Classifier) -> None:
+    """DESIGN.md §2c "Speed": a gate whose input is constant over channels and whose only reader sums over its
+    channels (a groups=1 conv, or a flatten from dim 1 read only by a Linear) passes one channel of pair values."""
+    for node in graph.nodes:
+        rule = graph.rules.get(node.name)
+        if not isinstance(rule, R.Gate) or len(rule.in_shape) < 3 or len(node.users) != 1:
+            continue
+        user = next(iter(node.users))
+        reader = graph.rules.get(user.name)
+        sums = isinstance(reader, R.Conv) and reader.groups == 1
+        if not sums and _flattens_from_one(user, classifier) and len(user.users) == 1:
+            sums = isinstance(graph.rules.get(next(iter(user.users)).name), R.Linear)
+        rule.collapse = sums and _constant_channels(node.all_input_nodes[0], graph)
+
+
+def _flattens_from_one(node: fx.Node, classifier: Classifier) -> bool:
+    if node.op == "call_module":
+        m = classifier.gm.get_submodule(node.target)
+        return isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1
+    return node.target in ("flatten", torch.flatten) and _arg_value(node, 1, "start_dim", 0) == 1 and \
+        _arg_value(node, 2, "end_dim", -1) == -1
+
+
+def _arg_value(node: fx.Node, index: int, key: str, default):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(key, default)

@@ -81,8 +81,9 @@ class _PairContext:
     """Gate products ``sigma(x) sigma(x')`` and shared max-pool selections of the pairs in a block: every
     ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``."""
 
-    def __init__(self, graph: PiecewiseGraph, gates: Gates, a: Tensor, b: Tensor, outer: bool) -> None:
-        self.gates, self.a, self.b, self.outer = gates, a, b, outer
+    def __init__(self, graph: PiecewiseGraph, gates: Gates, a: Tensor, b: Tensor, outer: bool,
+                 collapse: bool = True) -> None:
+        self.gates, self.a, self.b, self.outer, self.collapse = gates, a, b, outer, collapse
         self.family = {name: (beta, gamma) for name, _, beta, gamma, _ in graph.gates}
 
     def combine(self, t: Tensor, fn) -> Tensor:
@@ -100,6 +101,19 @@ class _PairContext:
             return v if gamma == 1.0 else v * (gamma * gamma)
         return v * self.combine(bits, lambda p, q: _slopes(p, beta, gamma) * _slopes(q, beta, gamma))
 
+    def overlap(self, name: str) -> Tensor:
+        """DESIGN.md §2c "Speed": ``C[p](x, x') = Σ_c sigma_{c,p}(x) sigma_{c,p}(x')`` per position, ``(P, *spatial)``;
+        for a block of rows × columns one product over channels per position."""
+        beta, gamma = self.family[name]
+        bits = self.gates.bits[name]
+        first = _slopes(bits[self.a], beta, gamma).flatten(2)
+        second = _slopes(bits[self.b], beta, gamma).flatten(2)
+        if self.outer:
+            counts = torch.bmm(first.permute(2, 0, 1), second.permute(2, 1, 0)).permute(1, 2, 0)
+        else:
+            counts = (first * second).sum(1)
+        return counts.reshape(-1, *bits.shape[2:])
+
     def selection(self, name: str) -> tuple[Tensor, Tensor]:
         """The unit x selects and whether x' selects the same one (§2c: else the pair passes 0)."""
         chosen = self.gates.selections[name]
@@ -112,17 +126,18 @@ class PairNetworkColumns:
 
     Each entry is the output of the pair network on ``x_i ⊙ x_j``; a call runs blocks of pairs sized so that the
     values alive at once stay near ``memory_bytes``. A plain Linear/Leaky-ReLU chain takes §1's factorised kernel
-    (``fast=True``, the default). Cost per column: ``m`` pair-network evaluations, each about one forward pass with
+    (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
+    flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed"). Cost per column: ``m`` pair-network evaluations, each about one forward pass with
     every weight 1 (a convolution costs a channel sum and a single-channel box filter). Float64, on the graph's
     device. With K outputs every output has the same kernel (checked exactly).
     """
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
-                 fast: bool = True) -> None:
+                 fast: bool = True, collapse: bool = True) -> None:
         if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
             raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                              f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
-        self.graph, self.gates = graph, gates
+        self.graph, self.gates, self.collapse = graph, gates, collapse
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
         self._chain = None
@@ -148,7 +163,7 @@ class PairNetworkColumns:
     def pairs(self, a: Tensor, b: Tensor, outer: bool = False) -> Tensor:
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
-        ctx = _PairContext(self.graph, self.gates, a, b, outer)
+        ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
         out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
         if out.dim() == 2:
             if not bool((out == out[:, :1]).all()):

@@ -30,6 +30,8 @@ class Rule:
 
     kind = "operation"
     is_map = False  # a parameter map (counts in the scope summary)
+    in_shape: tuple[int, ...] = ()  # of the first input-dependent argument and of the result, batch included (probe)
+    out_shape: tuple[int, ...] = ()
 
     def __init__(self, where: str, call: Callable[..., Any]) -> None:
         self.where, self.call = where, call  # ``call(args, kwargs)``: the operation as the module computes it
@@ -99,6 +101,9 @@ class Gate(Rule):
     """Leaky-ReLU family (DESIGN.md §1): slope ``gamma`` where ``z >= 0`` (``0`` included), ``beta`` below."""
 
     kind = "gate"
+    # set by the trace when the input is constant over channels (after a groups=1 conv) and the only reader sums
+    # over channels (a groups=1 conv, or flatten then Linear): the pair value leaves with one channel (§2c "Speed")
+    collapse = False
 
     def __init__(self, where: str, name: str, beta: float, gamma: float) -> None:
         super().__init__(where, None)
@@ -111,6 +116,8 @@ class Gate(Rule):
         return torch.where(bits, self.gamma * z, self.beta * z)
 
     def pair(self, args, kwargs, ctx):
+        if self.collapse and ctx.collapse:  # Σ_c v sigma_c(x) sigma_c(x') = v · C[p](x, x')
+            return args[0][:, :1] * ctx.overlap(self.name).unsqueeze(1)
         return ctx.gate(self.name, args[0])
 
     def norm(self, args, kwargs):
