@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -19,7 +19,25 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.table import NotPiecewiseLinearError, Classifier, is_leaky_family
 
-__all__ = ["NotPiecewiseLinearError", "PiecewiseGraph", "run", "trace"]
+__all__ = ["GateLayer", "NotPiecewiseLinearError", "PiecewiseGraph", "PoolLayer", "run", "trace"]
+
+
+class GateLayer(NamedTuple):
+    """A Leaky-ReLU-family layer: fx node ``name``, ``where`` for messages, slopes, unit shape of one sample."""
+
+    name: str
+    where: str
+    beta: float
+    gamma: float
+    shape: tuple[int, ...]
+
+
+class PoolLayer(NamedTuple):
+    """A max pool: fx node ``name``, ``where`` for messages, the shape of its selections for one sample."""
+
+    name: str
+    where: str
+    shape: tuple[int, ...]
 
 
 class _Tracer(fx.Tracer):
@@ -34,8 +52,7 @@ class PiecewiseGraph:
     """A traced module: fx nodes in order, one rule per call, float64 constants, probe shapes (batch dim dropped).
 
     Attributes:
-        gates: ``(name, where, beta, gamma, shape)`` per gate layer; ``pools``: ``(name, where, shape)`` per max pool
-            (``shape``: its output, the selections of one sample).
+        gates: one :class:`GateLayer` per gate layer, ``pools`` one :class:`PoolLayer` per max pool, in order.
         chain: ``(linear rules, gate rules)`` when the graph is a plain Linear/Leaky-ReLU chain (§1's fast path).
     """
 
@@ -46,8 +63,8 @@ class PiecewiseGraph:
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     device: torch.device
-    gates: list[tuple[str, str, float, float, tuple[int, ...]]]
-    pools: list[tuple[str, str, tuple[int, ...]]]
+    gates: list[GateLayer]
+    pools: list[PoolLayer]
     peak_elements: int  # float64 values alive at once per sample (a pair) in a run, with headroom for temporaries
     chain: tuple[list[R.Linear], list[R.Gate]] | None = None
     dynamic: frozenset[str] = frozenset()  # nodes whose value depends on the input (the placeholder included)
@@ -183,10 +200,10 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
     out = run(graph, x, "forward", _Recorder(), after=bind)
     _check_output(graph, module, example, out)
     graph.input_shape, graph.output_shape = tuple(x.shape[1:]), tuple(out.shape[1:])
-    names = {n.name: n for n in graph.nodes}
-    graph.gates = [(name, where, beta, gamma, env_shapes[name][1:]) for name, where, beta, gamma in classifier.gates]
-    graph.pools = [(name, where, env_shapes[name][1:]) for name, where in classifier.pools]
-    graph.peak_elements = _peak_elements(graph, env_shapes, names, math.prod(graph.input_shape))
+    graph.gates = [GateLayer(name, where, beta, gamma, env_shapes[name][1:])
+                   for name, where, beta, gamma in classifier.gates]
+    graph.pools = [PoolLayer(name, where, env_shapes[name][1:]) for name, where in classifier.pools]
+    graph.peak_elements = _peak_elements(graph, env_shapes, math.prod(graph.input_shape))
     graph.chain = _chain(graph, classifier, env_shapes)
     graph.dynamic = frozenset(n.name for n in classifier.dynamic)
     _mark_collapsible_gates(graph, classifier)
@@ -213,7 +230,7 @@ def _check_output(graph: PiecewiseGraph, module: nn.Module, example: Tensor, out
                          "can cause this")
 
 
-def _peak_elements(graph: PiecewiseGraph, shapes: dict[str, tuple], names: dict, input_elements: int) -> int:
+def _peak_elements(graph: PiecewiseGraph, shapes: dict[str, tuple], input_elements: int) -> int:
     """Values alive at once in a run, per sample, plus twice the largest one (temporaries, gate products)."""
     size = {name: math.prod(shape[1:]) for name, shape in shapes.items()}
     live: dict[str, int] = {}
