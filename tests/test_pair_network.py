@@ -446,6 +446,7 @@ class Outputs(nn.Module):
     (lambda s, h: h / h[:, :1], "input-dependent"),
     (lambda s, h: h.sum(), "batch"),
     (lambda s, h: F.linear(h, s.fc.weight), "linear"),
+    (lambda s, h: h.mean(h.dim() - 1), "computed inside forward"),
 ])
 def test_refused_graphs(fn, match):
     with pytest.raises(ValueError, match=match):

@@ -128,6 +128,12 @@ def _arg(node: fx.Node, index: int, key: str, default=None):
     return node.kwargs.get(key, default)
 
 
+def _holds_node(obj) -> bool:
+    found = []
+    fx.node.map_arg(obj, lambda a: found.append(a))
+    return bool(found)
+
+
 def _tuple(value, n: int) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (int(value),) * n
 
@@ -270,6 +276,13 @@ class Classifier:
     def function_rule(self, node: fx.Node) -> R.Rule:
         where, target, name = _where(node, self.gm), node.target, _name(node, self.gm)
         dyn = [isinstance(a, fx.Node) and a in self.dynamic for a in node.args]
+        if _why_not(name) is not None:
+            raise refuse(where, _why_not(name))
+        fixed_settings = target not in _ADD | _SUB | _MUL | _DIV | _NEG | _SHAPE_METHODS | _SHAPE_FUNCTIONS | {
+            torch.cat, torch.concat, torch.stack}
+        if fixed_settings and _holds_node([node.args[1:], node.kwargs]):
+            raise refuse(where, "its settings (slope, kernel size, dims) are computed inside forward; the table "
+                                "needs them fixed when the module is traced")
         if target in (F.relu, torch.relu, F.relu_, torch.relu_, "relu", "relu_") or \
                 target in (F.leaky_relu, F.leaky_relu_, "leaky_relu") or target in (torch.abs, "abs"):
             beta = -1.0 if target in (torch.abs, "abs") else \
