@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,6 +108,27 @@ class Residual(nn.Module):
         return self.head(torch.cat([torch.flatten(h, 1), 2.0 * pooled], dim=1)).squeeze(1)
 
 
+class TinyResNet(nn.Module):
+    """A ResNet basic block with a strided 1×1 downsample, BatchNorm everywhere, in-place ReLU, global average
+    pooling and a 3-class head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(1, 2, 3, padding=1, bias=False), nn.BatchNorm2d(2)
+        self.conv1, self.bn1 = nn.Conv2d(2, 2, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2)
+        self.conv2, self.bn2 = nn.Conv2d(2, 2, 3, padding=1, bias=False), nn.BatchNorm2d(2)
+        self.down = nn.Sequential(nn.Conv2d(2, 2, 1, stride=2, bias=False), nn.BatchNorm2d(2))
+        self.relu = nn.ReLU(inplace=True)
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(2, 3)
+
+    def forward(self, x):
+        x = self.relu(self.bn0(self.stem(x)))
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out = self.relu(out + self.down(x))
+        return self.fc(torch.flatten(self.pool(out), 1))
+
+
 class Reshapes(nn.Module):
     """Functional and method forms: view with a size, unsqueeze/permute/transpose, in-place sum, buffers as a constant
     scale and shift, division by a parameter, negation, functional pools, sum, dropout in eval, an output index."""
@@ -168,6 +191,7 @@ CASES = {
         nn.Conv3d(1, 2, 2), nn.BatchNorm3d(2), nn.ReLU(), nn.MaxPool3d(2, ceil_mode=True), nn.Flatten(),
         nn.Linear(16, 1))), (1, 4, 4, 4)),
     "reshapes_functional_buffers": (lambda: Reshapes(), (72,)),
+    "tiny_resnet_3_outputs": (lambda: randomise_bn(TinyResNet()), (1, 6, 6)),
     "mlp_bias": (lambda: mlp_sequential(16, [5, 4], 1, beta=0.1), (4, 4)),
     "mlp_no_bias_3_outputs": (lambda: mlp_sequential(16, [5, 4], 3, activation="relu", bias=False), (16,)),
 }
@@ -527,3 +551,21 @@ def test_channel_collapse_equals_plain_pair_network(case):
     assert relative(fused.diagonal(), plain.diagonal()) < 1e-14
     assert relative(fused.block([1, 3]), plain.block([1, 3])) < 1e-14
     check_against_enumeration(module, x)
+
+
+def test_columns_drive_the_max_margin_solver_like_a_dense_kernel():
+    from lightning_nsv.max_margin import max_margin
+    torch.manual_seed(0)
+    module = CASES["batchnorm_maxpool"][0]()
+    x = inputs((1, 8, 8), n=40, seed=3)
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    y = torch.where(gates.output.reshape(-1) >= 0, 1.0, -1.0).double().numpy()  # zero error by construction
+    cols = PairNetworkColumns(graph, x, gates)
+    dense = cols.columns(range(40)).numpy()
+    exact = max_margin(dense, y)
+    served = max_margin(cols, y, kernel_diag=cols.diagonal().numpy())
+    assert set(served.support_) == set(exact.support_)
+    assert np.allclose(served.alpha_, exact.alpha_, rtol=1e-8, atol=1e-12)
+    assert np.allclose(cols.signed_columns([3, 5], y, 2.0), dense[:, [3, 5]] * y[:, None] * y[[3, 5]] / 2.0,
+                       rtol=1e-15, atol=0)

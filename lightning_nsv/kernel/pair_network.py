@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -193,6 +194,24 @@ class PairNetworkColumns:
                 values = self.pairs(left, cols, outer=True)
                 out[i0:i0 + len(left), j0:j0 + len(cols)] = values.view(len(left), len(cols))
         return out
+
+    def __call__(self, idx) -> Tensor:
+        """``K[:, idx]`` (the column function of :func:`~lightning_nsv.max_margin.max_margin`)."""
+        return self.columns(idx)
+
+    def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
+        """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order (labels ``s`` in ``±1``): the
+        solver's columns, as :class:`~lightning_nsv.path_space.PathKernelColumns` gives them."""
+        idx = self._index(idx)
+        s = torch.as_tensor(np.asarray(signs), dtype=torch.float64, device=self.device)
+        q = self.columns(idx) * s[:, None] * (s[idx] / scale)[None, :]
+        return np.asfortranarray(q.cpu().numpy())
+
+    def signed_block(self, idx, signs, scale: float) -> np.ndarray:
+        """``Q[idx, idx]``, float64 numpy."""
+        idx = self._index(idx)
+        s = torch.as_tensor(np.asarray(signs), dtype=torch.float64, device=self.device)[idx]
+        return (self.block(idx) * s[:, None] * s[None, :] / scale).cpu().numpy()
 
     def block(self, idx) -> Tensor:
         """``K[idx][:, idx]``, shape ``(len(idx), len(idx))``."""
