@@ -265,12 +265,14 @@ class FixedMap(Rule):
 
 def window_coefficient(pool: Callable[[Tensor], Tensor], in_shape: tuple[int, ...], device) -> Tensor:
     """``c_o`` of a channel-wise pool with equal coefficients in each window (average pooling): the largest response
-    of output ``o`` to the unit inputs of one channel. Shape ``(1, 1, *out)``."""
+    of output ``o`` to the unit inputs of one channel. Shape ``(1, 1, *out)``. Once per trace; cost ``units²`` per
+    plane (seconds for a 112×112 plane)."""
     spatial = tuple(in_shape[2:])
     units = math.prod(spatial)
+    step = max(1, (8 << 20) // units)  # unit inputs per call: about 64 MiB of float64
     best = None
-    for lo in range(0, units, 1024):
-        basis = torch.zeros(min(1024, units - lo), units, dtype=torch.float64, device=device)
+    for lo in range(0, units, step):
+        basis = torch.zeros(min(step, units - lo), units, dtype=torch.float64, device=device)
         basis[torch.arange(len(basis)), torch.arange(lo, lo + len(basis))] = 1.0
         out = pool(basis.view(len(basis), 1, *spatial)).amax(0, keepdim=True)
         best = out if best is None else torch.maximum(best, out)
