@@ -200,7 +200,8 @@ def output_phi(graph: PiecewiseGraph, x: Tensor, output: int) -> tuple[Tensor, T
 
 def shared_paths(graph: PiecewiseGraph, x: Tensor, last_linear: str) -> tuple[Tensor, Tensor]:
     """DESIGN.md §2b: the path space shared by K outputs of a final Linear ``A``, ``c``: the paths reaching its inputs
-    plus the bias start; ``wbar_k`` = path weight × ``A[k, j]`` (or ``c_k``). Returns ``phi`` (n, P), ``wbar`` (P, K)."""
+    plus the bias start; ``wbar_k`` = path weight × ``A[k, j]`` (or ``c_k``). Returns ``phi`` (n, P) and ``wbar``
+    (P, K)."""
     paths, _ = _all_paths(graph, x)
     node = next(nd for nd in graph.nodes if nd.name == last_linear)
     rule = graph.rules[last_linear]

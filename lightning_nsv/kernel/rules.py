@@ -6,8 +6,11 @@ Every rule evaluates its operation in three modes, on the values of its (fx-mapp
 - ``pair``: the *pair network* (run on ``x ⊙ x'``): every parameter edge 1, every fixed constant squared, a shift
   (bias, added parameter or constant) adds 1, gates multiply by ``sigma(x) sigma(x')``, a max pool passes the unit
   both samples select.
-- ``norm``: the *norm network* (run on ones): every weight squared, every fixed constant squared, gates 1, max
-  pools pass every window unit, a shift ``b`` adds ``b²`` — its output is ``||wbar||²``.
+- ``norm``: the *norm network* (run on ones): every weight squared, every fixed map with coefficient 1 on each of
+  its edges, gates 1, max pools pass every window unit, a shift ``b`` adds ``b²`` — its output is ``||wbar||²``.
+  Fixed constants (1/k of an average, c of ``c·x``) are in ``phi`` (§2c table), so ``wbar`` has 1 on their edges;
+  DESIGN.md §2c's "every fixed constant squared" would belong with constants in ``wbar`` and a kernel without
+  them (the enumerated paths decide: ``||wbar||²`` of the enumeration matches this rule).
 
 The batch dimension (0) holds samples, pairs of samples or the single all-ones input.
 """
