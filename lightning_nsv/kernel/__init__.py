@@ -1,0 +1,27 @@
+"""Path kernel of any piecewise-linear network (DESIGN.md §2c).
+
+Trace a module into the operation table (or get :class:`NotPiecewiseLinearError` naming what is not piecewise
+linear), fix its gates by one float64 forward, and form kernel columns with the pair network (``K(x, x')`` = the
+network with every weight 1 run on ``x ⊙ x'``); ``||wbar||²`` and the output Gram come from the norm network::
+
+    graph = trace(module, x[:8])              # the module is not changed
+    gates = compute_gates(graph, x)           # N(x) in gates.output, slope bits, max-pool selections
+    kernel = PairNetworkColumns(graph, x, gates)
+    kernel.columns(idx)                       # K[:, idx], float64 on the module's device
+    path_norm_squared(graph), output_gram(graph), scope_summary(graph), unique_patterns(gates)
+"""
+from lightning_nsv.kernel.graph import GateLayer, NotPiecewiseLinearError, PiecewiseGraph, PoolLayer, trace
+from lightning_nsv.kernel.pair_network import (
+    Gates,
+    PairNetworkColumns,
+    ScopeSummary,
+    compute_gates,
+    output_gram,
+    path_norm_squared,
+    scope_summary,
+    unique_patterns,
+)
+
+__all__ = ["GateLayer", "Gates", "NotPiecewiseLinearError", "PairNetworkColumns", "PiecewiseGraph", "PoolLayer",
+           "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared", "scope_summary", "trace",
+           "unique_patterns"]

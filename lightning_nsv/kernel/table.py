@@ -1,0 +1,425 @@
+"""The operation table of DESIGN.md §2c as a classifier of torch.fx nodes: each call gets its rule of
+:mod:`lightning_nsv.kernel.rules`, or :class:`NotPiecewiseLinearError` naming it, saying why and giving the choices.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_nsv.kernel import rules as R
+
+__all__ = ["NotPiecewiseLinearError", "refuse"]
+
+
+CHOICES = ("Choices: move it into a trunk that is treated as a fixed embedding (`embedding=`, as in paper 000's "
+           "CNN + FC), replace it (e.g. by nn.ReLU or nn.LeakyReLU), or fold it (BatchNorm into the convolution "
+           "before it).")
+GATE_WHY = "the path kernel needs gates that are fixed once x is fixed; {}'s slope varies continuously with its input"
+
+
+class NotPiecewiseLinearError(ValueError):
+    """The module holds an operation outside the piecewise-linear table of DESIGN.md §2c."""
+
+
+def refuse(where: str, why: str) -> NotPiecewiseLinearError:
+    return NotPiecewiseLinearError(f"{where} is not piecewise linear in the sense of the path kernel (DESIGN.md "
+                                   f"§2c): {why}. {CHOICES}")
+
+
+_SMOOTH = {"sigmoid", "tanh", "gelu", "silu", "softplus", "elu", "selu", "celu", "mish", "hardswish",
+           "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "exp", "log", "sqrt", "rsqrt", "pow", "sin", "cos",
+           "erf", "square"}
+_NORMALISE = {"layer_norm", "group_norm", "instance_norm", "batch_norm", "normalize", "local_response_norm",
+              "rms_norm", "layernorm", "groupnorm", "instancenorm1d", "instancenorm2d", "instancenorm3d",
+              "localresponsenorm", "rmsnorm"}
+_ATTENTION = {"softmax", "log_softmax", "softmin", "scaled_dot_product_attention", "multiheadattention",
+              "logsoftmax", "transformer", "transformerencoderlayer", "transformerdecoderlayer", "transformerencoder"}
+_OTHER_PL = {"relu6", "hardtanh", "hardshrink", "softshrink", "threshold", "prelu", "rrelu"}
+
+
+def _why_not(name: str) -> str | None:
+    key = name.lower()
+    if key in _SMOOTH:
+        return GATE_WHY.format(name)
+    if key in _NORMALISE:
+        return f"{name} normalises by a statistic of the sample, a non-linear function of x"
+    if key in _ATTENTION:
+        return f"{name} weighs its inputs by a softmax, a smooth function of x (no fixed gates)"
+    if key in _OTHER_PL:
+        return (f"{name} is not of the Leaky-ReLU family (slope gamma at z >= 0, beta below): its pieces add "
+                "constants, or its slopes are learnt or random")
+    return None
+
+
+_ADD = {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__radd__", "__iadd__"}
+_SUB = {operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"}
+_MUL = {operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__rmul__", "__imul__"}
+_DIV = {operator.truediv, operator.itruediv, torch.div, "div", "div_", "__truediv__", "__itruediv__"}
+_NEG = {operator.neg, torch.neg, "neg", "__neg__"}
+_PLAIN = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+_SHAPE_METHODS = {"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose",
+                  "contiguous", "clone", "view_as", "reshape_as"}
+_SHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.permute, torch.transpose,
+                    torch.unflatten, operator.getitem}
+_META_METHODS = {"size", "dim", "numel"}
+_MAX_POOLS = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3}
+_ADAPTIVE_MAX = {F.adaptive_max_pool1d: 1, F.adaptive_max_pool2d: 2, F.adaptive_max_pool3d: 3}
+_AVG_POOLS = {F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
+              F.adaptive_avg_pool3d}
+_AVG_MODULES = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+                nn.AdaptiveAvgPool3d)
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def is_leaky_family(m: nn.Module) -> bool:
+    """The package's ``LeakyReLUFamily``, without importing ``lightning_nsv.models`` (which imports Lightning): an
+    instance exists only once that module is imported."""
+    layers = sys.modules.get("lightning_nsv.models.layers")
+    return layers is not None and isinstance(m, layers.LeakyReLUFamily)
+
+
+def _where(node: fx.Node, gm: fx.GraphModule) -> str:
+    if node.op == "call_module":
+        return f"{node.target}: {type(gm.get_submodule(node.target)).__name__}"
+    stack = node.meta.get("nn_module_stack") or {}
+    prefix = f"{next(reversed(stack))}." if stack else ""
+    target = node.target
+    name = target if isinstance(target, str) else f"{getattr(target, '__module__', None) or 'torch'}." \
+                                                  f"{getattr(target, '__name__', repr(target))}"
+    return f"{prefix}{node.name}: {name}"
+
+
+def _caller(node: fx.Node, gm: fx.GraphModule):
+    """The call as written, out of place."""
+    target = node.target
+    if node.op == "call_module":
+        module = gm.get_submodule(target)
+        return lambda args, kwargs: module(*args, **kwargs)
+    if node.op == "call_method":
+        name = target.strip("_") if target.startswith("__") else target.rstrip("_")
+        if name.startswith("i") and name[1:] in _PLAIN:
+            name = name[1:]
+        if name in _PLAIN:
+            return lambda args, kwargs: _PLAIN[name](*args)
+        if name.startswith("r") and name[1:] in _PLAIN:
+            return lambda args, kwargs: _PLAIN[name[1:]](args[1], args[0])
+        return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
+    plain = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+             operator.itruediv: operator.truediv}.get(target, target)
+    return lambda args, kwargs: plain(*args, **kwargs)
+
+
+def _name(node: fx.Node, gm: fx.GraphModule) -> str:
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)).__name__
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", repr(node.target))
+
+
+def _arg(node: fx.Node, index: int, key: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(key, default)
+
+
+def _holds_node(obj) -> bool:
+    found = []
+    fx.node.map_arg(obj, lambda a: found.append(a))
+    return bool(found)
+
+
+def _tuple(value, n: int) -> tuple[int, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (int(value),) * n
+
+
+def _norm_dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+class Classifier:
+    """Gives each fx node its rule; tracks which nodes depend on the input (dynamic) and which are sizes (meta)."""
+
+    def __init__(self, gm: fx.GraphModule, device: torch.device) -> None:
+        self.gm, self.device = gm, device
+        self.dynamic: set[fx.Node] = set()
+        self.meta: set[fx.Node] = set()
+        self.consts: dict[str, Any] = {}
+        self.params: set[str] = set()
+        self.gates: list = []
+        self.pools: list = []
+
+    def const(self, target: str):
+        value = _attr(self.gm, target)
+        if isinstance(value, Tensor):
+            if isinstance(value, nn.Parameter):
+                self.params.add(target)
+            value = value.detach().to(self.device, torch.float64).clone()
+        self.consts[target] = value
+        return value
+
+    def static_value(self, arg, where: str):
+        """``(value, is_parameter)`` of an operand that does not depend on the input."""
+        if isinstance(arg, fx.Node):
+            if arg.op != "get_attr":
+                raise refuse(where, f"its operand {arg.name} is computed inside forward from parameters, "
+                                    "constants or sizes, which the operation table does not follow")
+            return self.consts[arg.target], arg.target in self.params
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            return float(arg), False
+        raise refuse(where, f"its operand {arg!r} is not a number, parameter or buffer")
+
+    def classify(self, node: fx.Node) -> R.Rule | None:
+        inputs = node.all_input_nodes
+        if not any(n in self.dynamic or n in self.meta for n in inputs):
+            raise refuse(_where(node, self.gm), "it computes a tensor from parameters or constants inside forward; "
+                                                "precompute it as a buffer or use a module")
+        if not any(n in self.dynamic for n in inputs):  # arithmetic on sizes
+            self.meta.add(node)
+            return R.Meta(_where(node, self.gm), _caller(node, self.gm))
+        if node.target in _META_METHODS or (node.target is getattr and node.args[1] in ("shape", "ndim")):
+            self.meta.add(node)
+            return R.Meta(_where(node, self.gm), _caller(node, self.gm))
+        self.dynamic.add(node)
+        if node.op == "call_module":
+            return self.module_rule(node, self.gm.get_submodule(node.target))
+        return self.function_rule(node)
+
+    def module_rule(self, node: fx.Node, m: nn.Module) -> R.Rule:
+        where = _where(node, self.gm)
+        slopes = _leaky_slopes(m)
+        if slopes is not None:
+            self.gates.append((node.name, where, *slopes))
+            return R.Gate(where, node.name, *slopes)
+        if isinstance(m, nn.Linear):
+            return R.Linear(where, *self.weights(m))
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            if m.padding_mode != "zeros":
+                raise refuse(where, f"padding_mode={m.padding_mode!r} pads with values of the input (only zero "
+                                    "padding is in the table); use padding_mode='zeros'")
+            return R.Conv(where, m, *self.weights(m))
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            return self.batchnorm(where, m)
+        if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)):
+            if m.return_indices:
+                raise refuse(where, "return_indices=True returns the indices as a second output")
+            n = int(type(m).__name__[-2])
+            return self.max_pool(node, where, n, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        if isinstance(m, (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)):
+            if m.return_indices:
+                raise refuse(where, "return_indices=True returns the indices as a second output")
+            return self.adaptive_max_pool(node, where, int(type(m).__name__[-2]), m.output_size)
+        if isinstance(m, _AVG_MODULES):
+            return self.average_pool(where, _caller(node, self.gm), lambda x: m(x))
+        if isinstance(m, nn.Flatten):
+            return R.Passthrough(where, _caller(node, self.gm))
+        if isinstance(m, nn.Unflatten):
+            return R.Passthrough(where, _caller(node, self.gm))
+        if isinstance(m, nn.Identity):
+            return R.Identity(where)
+        if isinstance(m, _DROPOUTS):
+            if m.training and m.p > 0:
+                raise refuse(where, "dropout in training mode is random; analyse the module in eval mode "
+                                    "(lightning_nsv.models.layers.eval_mode)")
+            return R.Identity(where)
+        raise refuse(where, _why_not(type(m).__name__) or f"{type(m).__name__} is not in the operation table "
+                            "(Linear, Conv1d/2d/3d, BatchNorm in eval, Leaky-ReLU family, max/average pooling, "
+                            "Flatten, Identity, Dropout in eval); unknown modules are refused, never skipped")
+
+    def weights(self, m: nn.Module) -> tuple[Tensor, Tensor | None]:
+        cast = lambda t: None if t is None else t.detach().to(self.device, torch.float64).clone()  # noqa: E731
+        return cast(m.weight), cast(m.bias)
+
+    def batchnorm(self, where: str, m: nn.Module) -> R.BatchNorm:
+        if m.training:
+            raise refuse(where, "BatchNorm in training mode normalises by the statistics of the batch; analyse the "
+                                "module in eval mode (lightning_nsv.models.layers.eval_mode)")
+        if m.running_var is None:
+            raise refuse(where, "BatchNorm without running statistics normalises by the batch even in eval mode")
+        var = m.running_var.detach().to(self.device, torch.float64)
+        mean = m.running_mean.detach().to(self.device, torch.float64)
+        gamma, beta = self.weights(m) if m.affine else (torch.ones_like(var), torch.zeros_like(var))
+        scale = gamma / torch.sqrt(var + m.eps)
+        return R.BatchNorm(where, scale, beta - scale * mean)
+
+    def max_pool(self, node, where, n, kernel, stride, padding, dilation, ceil_mode) -> R.MaxPool:
+        k = _tuple(kernel, n)
+        s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _tuple(stride, n)
+        p, d = _tuple(padding, n), _tuple(dilation, n)
+        pool = _MAX_FN[n]
+        self.pools.append((node.name, where))
+        return R.MaxPool(where, node.name,
+                         lambda x: pool(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=True),
+                         lambda x, out: R.box_sum(x, k, s, p, d, out[2:]))
+
+    def adaptive_max_pool(self, node, where, n, output_size) -> R.MaxPool:
+        pool, average = _ADAPTIVE_MAX_FN[n], _ADAPTIVE_AVG_FN[n]
+        self.pools.append((node.name, where))
+        rule = R.MaxPool(where, node.name, lambda x: pool(x, output_size, return_indices=True),
+                         lambda x, out: average(x, output_size) / rule.coefficient)
+        bind = rule.bind
+
+        def bind_with_counts(in_shape, out_shape):  # norm: window sums = mean × window size
+            bind(in_shape, out_shape)
+            rule.coefficient = R.window_coefficient(lambda x: average(x, output_size), in_shape, self.device)
+        rule.bind = bind_with_counts
+        return rule
+
+    def average_pool(self, where: str, call, pool) -> R.FixedMap:
+        return R.FixedMap(where, call, lambda in_shape, out_shape: R.window_coefficient(pool, in_shape, self.device))
+
+    def function_rule(self, node: fx.Node) -> R.Rule:
+        where, target, name = _where(node, self.gm), node.target, _name(node, self.gm)
+        dyn = [isinstance(a, fx.Node) and a in self.dynamic for a in node.args]
+        if _why_not(name) is not None:
+            raise refuse(where, _why_not(name))
+        fixed_settings = target not in _ADD | _SUB | _MUL | _DIV | _NEG | _SHAPE_METHODS | _SHAPE_FUNCTIONS | {
+            torch.cat, torch.concat, torch.stack}
+        if fixed_settings and _holds_node([node.args[1:], node.kwargs]):
+            raise refuse(where, "its settings (slope, kernel size, dims) are computed inside forward; the table "
+                                "needs them fixed when the module is traced")
+        if target in (F.relu, torch.relu, F.relu_, torch.relu_, "relu", "relu_") or \
+                target in (F.leaky_relu, F.leaky_relu_, "leaky_relu") or target in (torch.abs, "abs"):
+            beta = -1.0 if target in (torch.abs, "abs") else \
+                float(_arg(node, 1, "negative_slope", 0.01)) if "leaky" in name else 0.0
+            self.gates.append((node.name, where, beta, 1.0))
+            return R.Gate(where, node.name, beta, 1.0)
+        if target in _ADD | _SUB | _MUL | _DIV | _NEG:
+            return self.arithmetic(node, where, target, dyn)
+        if target in _SHAPE_METHODS or target in _SHAPE_FUNCTIONS:
+            return self.shape(node, where, target)
+        if target in (torch.cat, torch.concat, torch.stack):
+            return self.concatenate(node, where, target)
+        if target in ("mean", "sum", torch.mean, torch.sum):
+            return self.reduce(node, where, name)
+        if target in _MAX_POOLS:
+            kw = dict(zip(["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
+                          node.args[1:]), **node.kwargs)
+            if kw.get("return_indices"):
+                raise refuse(where, "return_indices=True returns the indices as a second output")
+            return self.max_pool(node, where, _MAX_POOLS[target], kw["kernel_size"], kw.get("stride"),
+                                 kw.get("padding", 0), kw.get("dilation", 1), kw.get("ceil_mode", False))
+        if target in _ADAPTIVE_MAX:
+            if _arg(node, 2, "return_indices", False):
+                raise refuse(where, "return_indices=True returns the indices as a second output")
+            return self.adaptive_max_pool(node, where, _ADAPTIVE_MAX[target], _arg(node, 1, "output_size"))
+        if target in _AVG_POOLS:
+            static_args, static_kwargs = node.args[1:], dict(node.kwargs)
+            return self.average_pool(where, _caller(node, self.gm),
+                                     lambda x: target(x, *static_args, **static_kwargs))
+        if target is F.dropout or target in ("dropout",):
+            if _arg(node, 2, "training", True) and _arg(node, 1, "p", 0.5) > 0:
+                raise refuse(where, "dropout in training mode is random; pass training=self.training and analyse "
+                                    "the module in eval mode")
+            return R.Identity(where)
+        raise refuse(where, _why_not(name) or f"{name} is not in the operation table of DESIGN.md §2c; unknown "
+                                               "functions are refused, never skipped")
+
+    def arithmetic(self, node, where, target, dyn) -> R.Rule:
+        call = _caller(node, self.gm)
+        if node.kwargs:
+            raise refuse(where, f"keyword arguments {sorted(node.kwargs)} are not in the table")
+        if target in _NEG:
+            return R.FixedMap(where, call, lambda i, o: -1.0)
+        if sum(dyn) == 2:
+            if target in _ADD | _SUB:
+                return R.BranchSum(where, call)
+            raise refuse(where, "a product or quotient of two input-dependent tensors is not linear in path "
+                                "space (it multiplies paths of both factors)")
+        position = dyn.index(True)
+        value, is_param = self.static_value(node.args[1 - position], where)
+        if target in _ADD | _SUB:
+            return R.Shift(where, call, position, value)
+        if target in _DIV and position == 1:
+            raise refuse(where, "division by an input-dependent tensor is not linear")
+        divide = target in _DIV
+        if is_param:
+            return R.ParamScale(where, call, position, value, divide)
+        return R.FixedMap(where, call, lambda i, o: 1.0 / value if divide else value)
+
+    def shape(self, node, where, target) -> R.Rule:
+        call = _caller(node, self.gm)
+        if target in ("squeeze", torch.squeeze) and len(node.args) == 1 and not node.kwargs:
+            return R.Squeeze(where)
+        rule = R.Passthrough(where, call)
+        rule.bind = lambda in_shape, out_shape: _check_batch_axis(node, where, target, in_shape, out_shape)
+        return rule
+
+    def concatenate(self, node, where, target) -> R.Rule:
+        tensors = node.args[0]
+        if not all(isinstance(t, fx.Node) and t in self.dynamic for t in tensors):
+            raise refuse(where, "it joins input-dependent tensors with constants; add constants as a shift instead")
+        dim = _arg(node, 1, "dim", 0)
+        rule = R.Passthrough(where, _caller(node, self.gm))
+
+        def bind(in_shape, out_shape):
+            if _norm_dim(dim, len(out_shape)) == 0:
+                raise refuse(where, "it joins along the batch dim")
+        rule.bind = bind
+        return rule
+
+    def reduce(self, node, where, name) -> R.Rule:
+        dims = _arg(node, 1, "dim")
+        if dims is None:
+            raise refuse(where, f"{name} over every dim mixes the samples of the batch; reduce over dims >= 1")
+        dims = _tuple(dims, 1)
+        average = name == "mean"
+
+        def coefficient(in_shape, out_shape):
+            reduced = {_norm_dim(d, len(in_shape)) for d in dims}
+            if 0 in reduced:
+                raise refuse(where, f"{name} over the batch dim mixes samples")
+            return 1.0 / math.prod(in_shape[d] for d in reduced) if average else 1.0
+        return R.FixedMap(where, _caller(node, self.gm), coefficient)
+
+
+_MAX_FN = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_ADAPTIVE_MAX_FN = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}
+_ADAPTIVE_AVG_FN = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}
+
+
+def _attr(module: nn.Module, target: str):
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _leaky_slopes(m: nn.Module) -> tuple[float, float] | None:
+    if isinstance(m, nn.ReLU):
+        return 0.0, 1.0
+    if isinstance(m, nn.LeakyReLU):
+        return float(m.negative_slope), 1.0
+    if is_leaky_family(m):
+        return m.beta, m.gamma
+    return None
+
+
+def _check_batch_axis(node, where, target, in_shape, out_shape) -> None:
+    """Reshapes must keep each sample in its row of the batch."""
+    ndim = len(in_shape)
+    args = node.args
+    moved = False
+    if target in ("permute", torch.permute):
+        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        moved = _norm_dim(dims[0], ndim) != 0
+    elif target in ("transpose", torch.transpose):
+        moved = 0 in (_norm_dim(args[1], ndim), _norm_dim(args[2], ndim))
+    elif target in ("flatten", torch.flatten):
+        moved = _norm_dim(_arg(node, 1, "start_dim", 0), ndim) == 0
+    elif target in ("unsqueeze", torch.unsqueeze, "squeeze", torch.squeeze, "unflatten", torch.unflatten):
+        dims = _tuple(_arg(node, 1, "dim"), 1)
+        moved = any(_norm_dim(d, len(out_shape) if "unsq" in str(target) else ndim) == 0 for d in dims)
+    elif target is operator.getitem:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        simple = all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in index)
+        first = index[0] if index else slice(None)
+        moved = not simple or not (first == slice(None) or (first is Ellipsis and len(index) - 1 < ndim))
+    if moved or len(out_shape) == 0 or out_shape[0] != in_shape[0]:
+        raise refuse(where, f"it moves, mixes or indexes the batch dim (shape {tuple(in_shape)} -> "
+                            f"{tuple(out_shape)}); only reshapes that keep each sample in its row are linear maps "
+                            "of one sample")
