@@ -13,6 +13,13 @@ comparison with the analyses logged before the checkpoint was saved); the model 
 checkpoint's hyperparameters. ``--threads N`` sets the torch and BLAS thread pools (one
 thread is often fastest for these small networks on a shared machine).
 
+Before LightningCLI reads a ``--ckpt_path``, :func:`read_checkpoint` checks it (a whole zip archive, every CRC
+right, loadable with ``weights_only=True``, a Lightning checkpoint). ``analyze`` and a resumed ``fit`` then compare
+the config with what the checkpoint records: another model or data class, or a data argument that chooses the
+training set (``seed``, ``m``, ...), is refused with each difference and the fix; other model arguments are named
+in a warning (the checkpoint's are used). ``analyze`` also compares the training indices that the package's data
+modules record in checkpoints.
+
 The package's modules, data modules and callbacks are imported here so that their short names resolve.
 """
 from __future__ import annotations
@@ -147,7 +154,8 @@ def _check_against_config(checkpoint: dict[str, Any], config: Any, ckpt_path: st
                 f"{recorded['_class_path']}, the config asks for {configured.get('class_path')}; {use}"
             )
         differences = [(arg, a, b) for arg, a, b in _differences(recorded, configured.get("init_args"))
-                       if not (key == "data" and arg in _LOADER_ONLY)]
+                       if not (key == "data" and arg in _LOADER_ONLY)
+                       and not (key == "data" and arg in _LOCATION and Path(a).resolve() == Path(b).resolve())]
         refused = [(arg, a, b) for arg, a, b in differences if key == "data" and arg not in _LOCATION]
         if refused:
             flags = " ".join(f"--data.init_args.{arg}={_cli_value(a)}" for arg, a, _ in refused)
@@ -185,6 +193,15 @@ def _check_weights_fit(model: LightningModule, state_dict: dict[str, Any], ckpt_
             f"the config builds ({'; '.join(problems[:5])}): the checkpoint holds another model; use the config it "
             "was trained with"
         )
+
+
+def _raised_in_package(error: BaseException) -> bool:
+    """Whether ``error`` was raised in this package's code (a model's or data module's argument check)."""
+    package = Path(__file__).parent
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback is not None and package in Path(traceback.tb_frame.f_code.co_filename).parents
 
 
 class _DropTips(logging.Filter):
@@ -295,11 +312,11 @@ class NSVLightningCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as err:
-            # jsonargparse wraps a class's own argument error in its union-type report: raise the class's
+            # jsonargparse wraps a class's own argument error in its union-type report: raise the class's own
             root = err
             while root.__cause__ is not None:
                 root = root.__cause__
-            raise root from None
+            raise (root if _raised_in_package(root) else err) from None
         for part in (self.model, self.datamodule):
             initial = getattr(part, "_hparams_initial", None)
             if initial is not None and "_instantiator" in initial:

@@ -188,3 +188,32 @@ def test_a_missing_or_unreadable_config_is_named(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["fit", f"--config={config}"])
         assert said in capsys.readouterr().err
+
+
+def test_data_read_from_another_root_is_named_and_checked_by_its_training_indices(tmp_path):
+    """A moved copy of the data is analysed (with a warning); other data under the new root is refused."""
+    import shutil
+
+    from tests.fake_datasets import write_fake_mnist
+
+    write_fake_mnist(tmp_path / "data", n_train=40, n_test=10)
+    args = ["--model=LeakyReLUMLP", "--model.in_features=784", "--model.widths=[8]", "--data=BinaryMNISTDataModule",
+            "--trainer.callbacks+=NetworkSupportVectors", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]
+    main(["fit", *args, f"--data.root={tmp_path / 'data'}", "--trainer.max_epochs=2",
+          f"--trainer.default_root_dir={tmp_path / 'fit'}"])
+    checkpoint = next((tmp_path / "fit").rglob("*.ckpt"))
+    shutil.copytree(tmp_path / "data", tmp_path / "moved")
+    write_fake_mnist(tmp_path / "other", n_train=45, n_test=10)
+    for root in ("moved", "other"):
+        with pytest.warns(UserWarning, match=rf"the data is read from another place than in training:\n  data.root: "
+                                             rf"checkpoint {re.escape(str(tmp_path / 'data'))}, config .*{root}"):
+            try:
+                main(["analyze", *args, f"--data.root={tmp_path / root}", f"--ckpt_path={checkpoint}",
+                      f"--trainer.default_root_dir={tmp_path / root}_analysis"])
+            except ValueError as error:
+                assert root == "other" and "the training subset is not the one the checkpoint records (45 samples " \
+                    "here, 40 there" in str(error)
+            else:
+                assert root == "moved"
+    assert not list((tmp_path / "other_analysis").rglob("*.pt"))
