@@ -4,13 +4,14 @@ from __future__ import annotations
 import pickle
 import struct
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 CIFAR10_LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
-def _write_idx(path: Path, array: np.ndarray) -> None:
+def write_idx(path: Path, array: np.ndarray) -> None:
     """IDX file: big-endian magic ``0x0000 08 <ndim>`` (08 = unsigned byte), big-endian int32 dims, data."""
     header = struct.pack(">I", 0x0800 + array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     path.write_bytes(header + array.astype(np.uint8).tobytes())
@@ -35,8 +36,8 @@ def write_fake_mnist(root: str | Path, n_train: int, n_test: int, seed: int = 0)
     for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
         images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         labels = rng.integers(0, 10, n, dtype=np.uint8)
-        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
-        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
         written[split] = images, labels
     return written
 
@@ -76,6 +77,14 @@ def write_fake_cifar10(root: str | Path, n_train: int, n_test: int, seed: int = 
     meta = {"label_names": CIFAR10_LABEL_NAMES, "num_cases_per_batch": n_train // 5, "num_vis": 3072}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return written
+
+
+def rewrite_cifar10_batch(root: str | Path, name: str, change: Callable[[dict[str, Any]], Any]) -> None:
+    """Unpickle ``root/cifar-10-batches-py/<name>``, apply ``change`` to the dict in place, pickle it back."""
+    path = Path(root) / "cifar-10-batches-py" / name
+    batch = pickle.loads(path.read_bytes())
+    change(batch)
+    path.write_bytes(pickle.dumps(batch, protocol=2))
 
 
 def truncate(path: str | Path, fraction: float) -> int:

@@ -10,6 +10,7 @@ from torchvision.datasets import CIFAR10
 
 from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import (
+    CIFAR10_CLASSES,
     TOY_SETS,
     BinaryMNISTDataModule,
     CIFAR10FrogsShipsDataModule,
@@ -19,7 +20,7 @@ from lightning_nsv.datamodules import (
     Toy2DDataModule,
 )
 from lightning_nsv.datamodules.base import EpochBatchSampler
-from tests.fake_datasets import truncate, write_fake_cifar10, write_fake_mnist
+from tests.fake_datasets import rewrite_cifar10_batch, truncate, write_fake_cifar10, write_fake_mnist, write_idx
 
 DIGITS = load_digits()
 
@@ -242,6 +243,7 @@ def test_cifar_checksums_and_malformed_root(cifar, tmp_path):
         (lambda: DigitsDataModule(random_labels=True, label_noise=0.1), "`label_noise` must be 0, got 0.1"),
         (lambda: DigitsDataModule(batch_size=0), "`batch_size` must be a positive integer, got 0"),
         (lambda: DigitsDataModule(num_workers=-1), "`num_workers` must be a non-negative integer, got -1"),
+        (lambda: DigitsDataModule(seed=-1), "`seed` must be a non-negative integer, got -1"),
         (lambda: DigitsDataModule(task="regression"), "can be binary, multiclass, got 'regression'"),
         (lambda: Toy2DDataModule(task="multiclass"), "`task` of Toy2DDataModule can be binary, got 'multiclass'"),
         (lambda: Toy2DDataModule(name="swiss"), "`name` can be blobs, moons, circles, xor, spirals, got 'swiss'"),
@@ -398,3 +400,66 @@ def test_batch_sliced_dataset_equals_advanced_indexing():
     assert all(torch.equal(a, b) for a, b in zip(ds[3], (x[3], y[3])))  # other indices: TensorDataset's
     assert torch.equal(ds[[1, 2]][0], x[[1, 2]]) and len(ds[1:4][1]) == 3
     assert isinstance(_ready(QuadrantDataModule(n_samples=50, seed=1)).train_dataset, BatchSlicedTensorDataset)
+
+
+@pytest.mark.parametrize("name, array, reason", [
+    ("train-labels-idx1-ubyte", np.r_[np.zeros(11), 12], "labels up to 12, outside 0..9"),
+    ("t10k-images-idx3-ubyte", np.zeros((6, 8, 8)), "images of 8x8 pixels, not 28x28"),
+])
+def test_mnist_file_of_another_data_set_is_named(tmp_path, name, array, reason):
+    """Well-formed IDX files that torchvision reads without a word: a label 12, images of 8x8 pixels."""
+    write_fake_mnist(tmp_path, 12, 6)
+    write_idx(tmp_path / "MNIST" / "raw" / name, array)
+    with pytest.raises(ValueError, match=rf"(?s)cannot read the .* files.*MNIST/raw/{name}: {reason}.*download it"):
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")
+
+
+def test_mnist_images_and_labels_of_different_counts_are_refused(tmp_path):
+    """torchvision pairs 12 images with 10 labels silently; the samples would be cut or mislabelled."""
+    write_fake_mnist(tmp_path, 12, 6)
+    write_idx(tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte", np.zeros(10))
+    with pytest.raises(ValueError, match=r"(?s)cannot read the training files \(ValueError: 12 images but 10 labels\)"
+                                         r".*train-images-idx3-ubyte.*train-labels-idx1-ubyte"):
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda batch: batch["labels"].__setitem__(0, -1), r"1 labels outside 0..9 \(the first: -1\)"),  # read as a truck
+    (lambda batch: batch["labels"].__setitem__(1, 10), r"1 labels outside 0..9 \(the first: 10\)"),
+    (lambda batch: batch["labels"].pop(), "4 images but 3 labels"),
+    (lambda batch: batch.__setitem__("data", batch["data"][:, :3000]), r"data of shape \(4, 3000\), not \(n, 3072\)"),
+])
+def test_cifar_batch_with_bad_labels_or_rows_is_named(tmp_path, change, reason):
+    write_fake_cifar10(tmp_path, 20, 10)
+    rewrite_cifar10_batch(tmp_path, "data_batch_2", change)
+    with pytest.raises(ValueError, match=rf"(?s)cannot read the training files.*data_batch_2: {reason}.*download it"):
+        CIFAR10FrogsShipsDataModule(root=str(tmp_path), task="multiclass", classes=list(CIFAR10_CLASSES)).setup("fit")
+
+
+def test_training_indices_travel_in_the_state_and_are_compared():
+    trained = _ready(DigitsDataModule(m=50, seed=0))
+    assert torch.equal(trained.state_dict()["train_indices"], trained.train_indices)
+    assert DigitsDataModule().state_dict() == {}  # nothing to record before setup
+    same = _ready(DigitsDataModule(m=50, seed=0))
+    same.load_state_dict(trained.state_dict())
+    other = _ready(DigitsDataModule(m=50, seed=1))
+    with pytest.raises(ValueError, match=r"DigitsDataModule: the training subset is not the one the checkpoint records "
+                                         r"\(50 samples here, 50 there; the first difference is at position \d+\).*"
+                                         "Pass the arguments the checkpoint was trained with"):
+        other.load_state_dict(trained.state_dict())
+    later = DigitsDataModule(m=40, seed=0)
+    later.load_state_dict(trained.state_dict())  # not set up yet: compared at setup
+    with pytest.raises(ValueError, match=r"\(40 samples here, 50 there; "):
+        later.setup("fit")
+
+
+def test_validating_on_other_data_is_allowed():
+    """Only a resumed fit (and `lightning-nsv analyze`, which asks) must train on the checkpoint's subset."""
+    from types import SimpleNamespace
+
+    trained = _ready(DigitsDataModule(m=50, seed=0))
+    other = _ready(DigitsDataModule(m=50, seed=1))
+    other.trainer = SimpleNamespace(state=SimpleNamespace(fn="validate"))
+    other.load_state_dict(trained.state_dict())
+    with pytest.raises(ValueError, match="the training subset is not the one the checkpoint records"):
+        other.check_training_indices()

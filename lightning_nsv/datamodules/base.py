@@ -95,6 +95,8 @@ class ClassificationDataModule(pl.LightningDataModule):
             raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"`num_workers` must be a non-negative integer, got {num_workers}")
+        if seed < 0:  # numpy's SeedSequence, which orders the batches, takes no negative seed
+            raise ValueError(f"`seed` must be a non-negative integer, got {seed}")
         if task not in self.tasks:
             raise ValueError(f"`task` of {type(self).__name__} can be {', '.join(self.tasks)}, got {task!r}")
         self.save_hyperparameters()
@@ -106,6 +108,41 @@ class ClassificationDataModule(pl.LightningDataModule):
         self.val_dataset: TensorDataset | None = None
         self.test_dataset: TensorDataset | None = None
         self.train_indices: Tensor | None = None
+        self._recorded_train_indices: Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training indices once set up: a checkpoint records which samples the network was trained on."""
+        return {} if self.train_indices is None else {"train_indices": self.train_indices.clone()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep a checkpoint's training indices. A resumed fit (or a module without a Trainer) must have the same:
+        checked now or at :meth:`setup`; validate and test may use other data (``lightning-nsv analyze`` checks
+        with :meth:`check_training_indices`)."""
+        self._recorded_train_indices = state_dict.get("train_indices")
+        if self._fitting():
+            self.check_training_indices()
+
+    def _fitting(self) -> bool:
+        return self.trainer is None or self.trainer.state.fn == "fit"
+
+    def check_training_indices(self) -> None:
+        """Raise if the training subset differs from the one recorded by :meth:`load_state_dict` (a checkpoint's).
+
+        Raises:
+            ValueError: With both sizes and the first position that differs.
+        """
+        recorded, current = self._recorded_train_indices, self.train_indices
+        if recorded is None or current is None or torch.equal(recorded, current):
+            return
+        shared = min(len(recorded), len(current))
+        unequal = (recorded[:shared] != current[:shared]).nonzero()
+        first = f"; the first difference is at position {int(unequal[0])}" if len(unequal) else ""
+        raise ValueError(
+            f"{type(self).__name__}: the training subset is not the one the checkpoint records ({len(current)} "
+            f"samples here, {len(recorded)} there{first}): the data module's arguments (seed, m, val_fraction, ...) "
+            "or its data differ from training. Pass the arguments the checkpoint was trained with (its run's "
+            "config.yaml), and the same data"
+        )
 
     def _load(self) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         """Source training inputs (any dtype, ``max_value`` scales them to [0, 1]), their source labels and the
@@ -141,6 +178,8 @@ class ClassificationDataModule(pl.LightningDataModule):
         self.train_indices = pool[torch.randperm(len(pool), generator=g)[: self.m]].sort().values
         self.train_dataset = self._dataset(x, self._corrupt(y, self.train_indices, g), self.train_indices)
         self.test_dataset = self.val_dataset
+        if self._fitting():
+            self.check_training_indices()
 
     def _dataset(self, x: Tensor, y: Tensor, index: Tensor) -> TensorDataset:
         return BatchSlicedTensorDataset(x[index].to(torch.float32) / self.max_value, y[index].to(torch.int64))
@@ -267,6 +306,7 @@ class TorchvisionDataModule(ClassificationDataModule):
 
     is_image = True
     max_value = 255.0
+    source_classes = 10
     files: tuple[str, ...] = ()
 
     def __init__(self, root: str, download: bool = False, **kwargs: Any) -> None:
@@ -284,10 +324,12 @@ class TorchvisionDataModule(ClassificationDataModule):
         """What is wrong with one data file, or None if it looks readable."""
         return None
 
-    def _read(self, train: bool) -> VisionDataset:
-        """The torchvision dataset of a split; a file that cannot be read is named, with what to do."""
+    def _read(self, train: bool) -> tuple[Tensor, Tensor]:
+        """Inputs and source labels of a split; files that cannot be read, or disagree, are named, with what to do."""
         try:
-            return self._torchvision(train)
+            x, y = self._tensors(self._torchvision(train))
+            self._check_source(x, y)
+            return x, y
         except (RuntimeError, ValueError, AssertionError, EOFError, pickle.UnpicklingError, KeyError, IndexError,
                 TypeError, struct.error) as err:
             names = self._split_files(train)
@@ -301,6 +343,18 @@ class TorchvisionDataModule(ClassificationDataModule):
                 "Delete the file and download it again (`download=True` on a machine with internet access, which "
                 "checks the archive's md5 sum), or copy it anew."
             ) from err
+
+    def _check_source(self, x: Tensor, y: Tensor) -> None:
+        """Refuse source data whose counts, image shape or labels do not fit (a file of another data set, or
+        one damaged without breaking its format: torchvision reads such files without a word)."""
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} images but {len(y)} labels")
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"images of shape {tuple(x.shape[1:])}, expected {self.input_shape}")
+        outside = (y < 0) | (y >= self.source_classes)
+        if outside.any():
+            raise ValueError(f"{int(outside.sum())} labels outside 0..{self.source_classes - 1} "
+                             f"(the first: {int(y[outside][0])})")
 
     def _tensors(self, dataset: VisionDataset) -> tuple[Tensor, Tensor]:
         """Inputs as ``(n, *input_shape)`` and labels of a loaded torchvision dataset."""
@@ -323,7 +377,7 @@ class TorchvisionDataModule(ClassificationDataModule):
 
     def _load(self) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         self._check_files()
-        return *self._tensors(self._read(True)), self._tensors(self._read(False))
+        return *self._read(True), self._read(False)
 
 
 def five_or_more(y: Tensor, task: str) -> Tensor:

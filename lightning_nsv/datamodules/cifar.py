@@ -5,6 +5,7 @@ import pickle
 from pathlib import Path
 from typing import Any, Literal, Sequence, get_args
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10
@@ -100,7 +101,17 @@ class CIFAR10FrogsShipsDataModule(TorchvisionDataModule):
             return f"cannot be unpickled ({type(err).__name__}: {err})"
         keys = ("label_names",) if path.name == CIFAR10.meta["filename"] else ("data", "labels")
         missing = [key for key in keys if not isinstance(entry, dict) or key not in entry]
-        return f"has no {', '.join(missing)}" if missing else None
+        if missing:
+            return f"has no {', '.join(missing)}"
+        if keys == ("label_names",):
+            return None
+        rows, labels = np.asarray(entry["data"]), np.asarray(entry["labels"])
+        if rows.ndim != 2 or rows.shape[1] != 3 * 32 * 32:
+            return f"data of shape {rows.shape}, not (n, 3072)"
+        if len(labels) != len(rows):
+            return f"{len(rows)} images but {len(labels)} labels"
+        outside = labels[(labels < 0) | (labels >= len(CIFAR10_CLASSES))]
+        return f"{len(outside)} labels outside 0..9 (the first: {outside[0]})" if len(outside) else None
 
     def _tensors(self, dataset: CIFAR10) -> tuple[Tensor, Tensor]:
         if tuple(dataset.classes) != CIFAR10_CLASSES:

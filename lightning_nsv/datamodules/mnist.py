@@ -49,7 +49,17 @@ class BinaryMNISTDataModule(TorchvisionDataModule):
         return self.files[:2] if train else self.files[2:]
 
     def _file_problem(self, path: Path) -> str | None:
-        return idx_file_problem(path.read_bytes())
+        data = path.read_bytes()
+        problem = idx_file_problem(data)
+        if problem is not None:
+            return problem
+        ndim = data[3]
+        sizes = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+        if "images" in path.name and sizes[1:] != self.input_shape[1:]:
+            return f"images of {'x'.join(map(str, sizes[1:]))} pixels, not {'x'.join(map(str, self.input_shape[1:]))}"
+        if "labels" in path.name and ndim == 1 and max(data[8:], default=0) >= self.source_classes:
+            return f"labels up to {max(data[8:])}, outside 0..{self.source_classes - 1}"
+        return None
 
     def _tensors(self, dataset: MNIST) -> tuple[Tensor, Tensor]:
         return dataset.data.unsqueeze(1), dataset.targets
