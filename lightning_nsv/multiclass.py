@@ -26,10 +26,6 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
-from lightning_nsv.solver.options import SolverOptions, plan
-from lightning_nsv.solver.pair_store import SampleRows
-from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
 from lightning_nsv.path_space import (
     PathKernelColumns,
     PathNetwork,
@@ -40,6 +36,10 @@ from lightning_nsv.path_space import (
     path_kernel_diagonal,
     unique_patterns,
 )
+from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
+from lightning_nsv.solver.options import SolverOptions, plan
+from lightning_nsv.solver.pair_store import SampleRows
+from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
 from lightning_nsv.support_vectors import check_samples, compression_bound, validation_metrics
 
 __all__ = [

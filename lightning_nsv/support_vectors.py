@@ -16,15 +16,6 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_accuracy
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, sample_indices
-from lightning_nsv.solver.options import (  # noqa: F401 (KERNEL_MODES, SOLVERS, analysis_device: for callers)
-    KERNEL_MODES,
-    SOLVERS,
-    SolverOptions,
-    analysis_device,
-    plan,
-    solver_device,
-)
 from lightning_nsv.path_space import (
     InputGramCache,
     PathKernelColumns,
@@ -41,6 +32,15 @@ from lightning_nsv.path_space import (
     unique_patterns,
 )
 from lightning_nsv.sharded import ColumnSharing, serve
+from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, sample_indices
+from lightning_nsv.solver.options import (  # noqa: F401 (KERNEL_MODES, SOLVERS, analysis_device: for callers)
+    KERNEL_MODES,
+    SOLVERS,
+    SolverOptions,
+    analysis_device,
+    plan,
+    solver_device,
+)
 
 __all__ = [
     "NonFiniteError",

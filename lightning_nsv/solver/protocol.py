@@ -36,7 +36,12 @@ class KernelColumns(ABC):
     that owns its memory (``rows.T`` with ``rows.flags.owndata``: e.g. ``base_page_empty((b, m)).T``), compacts it
     in place (moves the live columns to the front and shrinks the memory with ``realloc``). So the provider must not
     keep that array, nor a view of it, nor return a view of memory it keeps (a cache's rows): any other layout is
-    copied before it is changed, and the store never writes into an array it did not get this way.
+    copied before it is changed, and the store never writes into an array it did not get this way. The tensor of
+    :meth:`signed_rows` is kept too (its transpose, moved to the solver's device in float64: no copy when it is there
+    already), so it must be one the provider does not write to again.
+
+    Entries are taken as finite: the solver checks only the diagonal (a Gram matrix has ``|K_ij| <= √(K_ii K_jj)``);
+    the generic defaults and the adapters check every entry and name the first non-finite sample.
     """
 
     #: whether :meth:`signed_block` forms ``Q[idx, idx]`` at less cost than full columns (then the numpy solver
