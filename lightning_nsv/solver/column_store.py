@@ -57,6 +57,10 @@ class FullColumns:
     def single(self, k: int) -> "FullColumns":
         return FullColumns(self.new[k:k + 1], self.cols[:, k:k + 1].copy(order="F"))
 
+    def store_into(self, store: "ColumnStore") -> None:
+        """Keep the columns in ``store`` as one block (:meth:`ColumnStore.admit`)."""
+        store.admit_full(self.new, self.cols)
+
 
 class LazyColumns:
     """``Q[rows, new]`` of a block of candidates for ``rows`` the members of F when they were fetched and ``new``
@@ -77,7 +81,11 @@ class LazyColumns:
     def single(self, k: int) -> "LazyColumns":
         j = int(self.new[k])
         return LazyColumns(self.new[k:k + 1], self.sub[:, k:k + 1], self._position,
-                            {j: self.full[j]} if j in self.full else {})
+                           {j: self.full[j]} if j in self.full else {})
+
+    def store_into(self, store: "ColumnStore") -> None:
+        """Keep in ``store`` the columns at hand, and the others as pending (:meth:`ColumnStore.admit`)."""
+        store.admit_lazy(self)
 
 
 class ColumnStore:
@@ -178,19 +186,26 @@ class ColumnStore:
                 if (b, c) not in live}
 
     def admit(self, columns) -> None:
-        if isinstance(columns, LazyColumns):  # entries in the order of columns.new, as the members'
-            new = columns.new.tolist()
-            at_hand = [j for j in new if j in columns.full]
-            self.reused += len(at_hand)
-            column = {j: c for c, j in enumerate(at_hand)}
-            block = self._append_block(np.asarray(at_hand), self._joined([columns.full[j] for j in at_hand])) \
-                if at_hand else PENDING
-            self._where += [(block, column[j]) if j in column else (PENDING, j) for j in new]
-            self._merge_if_narrow()  # blocks of a few reused dead columns, as re-entering samples make them
-            return
-        block = self._append_block(columns.new, columns.cols)
-        self._where += [(block, c) for c in range(len(columns.new))]
+        """The candidates of ``columns`` (from :meth:`fetch`) joined F, after its members."""
+        columns.store_into(self)
+
+    def admit_full(self, new: np.ndarray, cols) -> None:
+        """Candidates ``new`` with their full columns ``cols`` joined F: one block."""
+        block = self._append_block(new, cols)
+        self._where += [(block, c) for c in range(len(new))]
         self._merge_if_narrow()
+
+    def admit_lazy(self, columns: LazyColumns) -> None:
+        """Candidates fetched lazily joined F (entries in the order of ``columns.new``, as the members'): those with a
+        column at hand (a stored dead one) in one block, the others pending until :meth:`_complete`."""
+        new = columns.new.tolist()
+        at_hand = [j for j in new if j in columns.full]
+        self.reused += len(at_hand)
+        column = {j: c for c, j in enumerate(at_hand)}
+        block = self._append_block(np.asarray(at_hand), self._joined([columns.full[j] for j in at_hand])) \
+            if at_hand else PENDING
+        self._where += [(block, column[j]) if j in column else (PENDING, j) for j in new]
+        self._merge_if_narrow()  # blocks of a few reused dead columns, as re-entering samples make them
 
     def _merge_narrow(self) -> None:
         """The live columns of the blocks narrower than :data:`NARROW_BLOCK` in one block (a product per block in
