@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
 from lightning_nsv.path_space import (
     PathKernelColumns,
     PathNetwork,
@@ -37,6 +36,10 @@ from lightning_nsv.path_space import (
     path_kernel_diagonal,
     unique_patterns,
 )
+from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
+from lightning_nsv.solver.options import SolverOptions, plan
+from lightning_nsv.solver.pair_store import SampleRows
+from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
 from lightning_nsv.support_vectors import check_samples, compression_bound, validation_metrics
 
 __all__ = [
@@ -54,7 +57,7 @@ __all__ = [
 ]
 
 METHODS = ("exact", "ovr")
-SampleColumns = Callable[[np.ndarray], np.ndarray]
+SampleColumns = Callable[[np.ndarray], np.ndarray]  # or a KernelColumns
 
 
 # --------------------------------------------------------------------------------------------- labels, margins
@@ -92,47 +95,6 @@ def _pairs(y: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------- kernel columns
-
-
-class _SampleColumnCache:
-    """Kernel columns ``K(·, x_j)`` of samples, each computed once and kept as a row of an ``(s, m)`` buffer that
-    grows geometrically (``K`` is symmetric, so a column is also a row). Memory ``8·m·s`` bytes."""
-
-    def __init__(self, columns: SampleColumns, m: int) -> None:
-        self.columns = columns
-        self.slot = np.full(m, -1, dtype=np.int64)
-        self.count = 0
-        self._rows = np.empty((0, m))
-
-    def rows(self, samples: np.ndarray) -> np.ndarray:
-        """``K(x_j, ·)`` for each sample ``j``, shape ``(len(samples), m)``."""
-        missing = np.unique(samples[self.slot[samples] < 0])
-        if len(missing):
-            need = self.count + len(missing)
-            if need > self._rows.shape[0]:
-                grown = np.empty((max(need, 2 * self._rows.shape[0], 16), self._rows.shape[1]))
-                grown[: self.count] = self._rows[: self.count]
-                self._rows = grown
-            self._rows[self.count:need] = np.asarray(self.columns(missing), dtype=np.float64).T
-            self.slot[missing] = np.arange(self.count, need)
-            self.count = need
-        return self._rows[self.slot[samples]]
-
-    def __call__(self, samples: np.ndarray) -> np.ndarray:
-        """Columns ``K[:, samples]`` (``(m, len(samples))``, Fortran order), the callable :func:`max_margin` takes."""
-        return self.rows(np.asarray(samples, dtype=np.int64)).T
-
-
-def _as_sample_columns(kernel: np.ndarray | Tensor | SampleColumns, kernel_diag) -> tuple[SampleColumns, np.ndarray]:
-    if callable(kernel):
-        if kernel_diag is None:
-            raise ValueError("kernel_diag is required when kernel is a function of column indices")
-        return kernel, np.asarray(kernel_diag, dtype=np.float64)
-    dense = kernel.detach().cpu().numpy() if isinstance(kernel, Tensor) else np.asarray(kernel)
-    if dense.ndim != 2 or dense.shape[0] != dense.shape[1]:
-        raise ValueError(f"Precomputed kernel must be a square matrix. Input is a {dense.shape} matrix.")
-    dense = dense.astype(np.float64, copy=False)
-    return (lambda idx: dense[:, idx]), np.diag(dense).copy()
 
 
 def _smallest(values: np.ndarray, count: int) -> np.ndarray:
@@ -194,7 +156,7 @@ class MulticlassMaxMarginResult:
 
 
 def multiclass_max_margin(
-    kernel: np.ndarray | Tensor | SampleColumns,
+    kernel: np.ndarray | Tensor | SampleColumns | KernelColumns,
     y: np.ndarray | Tensor,
     num_classes: int,
     *,
@@ -214,8 +176,8 @@ def multiclass_max_margin(
     K = 10): a reference for small problems.
 
     Args:
-        kernel: dense ``(m, m)`` path kernel, or a function returning its columns ``K[:, idx]`` for an index
-            array (then ``kernel_diag`` is required).
+        kernel: dense ``(m, m)`` path kernel, a :class:`~lightning_nsv.solver.protocol.KernelColumns`, or a
+            function returning its columns ``K[:, idx]`` for an index array (then ``kernel_diag`` is required).
         y: class labels in ``[0, num_classes)``.
         num_classes: ``K >= 2``.
         kernel_diag: ``diag(K)`` when ``kernel`` is a function.
@@ -229,7 +191,7 @@ def multiclass_max_margin(
     """
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    columns, diag = _as_sample_columns(kernel, kernel_diag)
+    columns, diag = as_kernel_columns(kernel, kernel_diag)
     m = diag.shape[0]
     y = class_labels(y, num_classes, m)
     pair_sample, pair_class = _pairs(y, num_classes)
@@ -248,7 +210,7 @@ def multiclass_max_margin(
 
 def _generic_pair_problem(columns, diag, y, num_classes, pair_sample, pair_class, tol, max_iter, initial):
     m = diag.shape[0]
-    cache = _SampleColumnCache(columns, m)
+    cache = SampleRows(columns, m)
     # d_p = e_{y_i} − e_k for every pair, one row per class: c_pq = D[y_j, p] − D[l, p]
     d = np.zeros((num_classes, len(pair_sample)), dtype=np.int8)
     d[y[pair_sample], np.arange(len(pair_sample))] = 1
@@ -341,7 +303,7 @@ class OneVsRestResult:
 
 
 def one_vs_rest_max_margin(
-    kernel: np.ndarray | Tensor | SampleColumns,
+    kernel: np.ndarray | Tensor | SampleColumns | KernelColumns,
     y: np.ndarray | Tensor,
     num_classes: int,
     *,
@@ -362,10 +324,10 @@ def one_vs_rest_max_margin(
     """
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    columns, diag = _as_sample_columns(kernel, kernel_diag)
+    columns, diag = as_kernel_columns(kernel, kernel_diag)
     m = diag.shape[0]
     y = class_labels(y, num_classes, m)
-    cache = _SampleColumnCache(columns, m)
+    cache = SampleRows(columns, m)
     results, messages = [], []
     alpha, beta = np.zeros((m, num_classes)), np.zeros((m, num_classes))
     for k in range(num_classes):
@@ -595,6 +557,7 @@ def multiclass_support_vectors(
     tol: float = 1e-10,
     max_iter: int | None = None,
     block_size: int | None = None,
+    solver: str = "auto",
 ) -> MulticlassSupportVectorAnalysis:
     """Fit the multi-class max-margin classifier on the path kernel of ``net`` and compare it with the network.
 
@@ -612,6 +575,8 @@ def multiclass_support_vectors(
         delta: confidence of the compression bound.
         tol, max_iter: passed to :func:`max_margin`.
         block_size: rows per block of the kernel computation.
+        solver: as for :func:`~lightning_nsv.support_vectors.network_support_vectors`; the pair problem is solved on
+            the CPU with numpy, so ``"torch"`` is not honoured (a warning says so).
 
     Raises:
         NotSeparableError: when the network misclassifies a training sample (Assumption 1 fails).
@@ -622,16 +587,16 @@ def multiclass_support_vectors(
     if method not in METHODS:
         raise ValueError(f"`method` can be {', '.join(METHODS)}, got {method!r}")
     check_samples(x_train, x_val)
-    # the multi-class solvers run on the CPU (numpy): inputs on another device are moved there
-    net, x_train, x_val = net.to("cpu"), x_train.cpu(), None if x_val is None else x_val.cpu()
-    y_train, y_val = (y.cpu() if isinstance(y, Tensor) else y for y in (y_train, y_val))
+    device = plan(SolverOptions(solver=solver, tol=tol, max_iter=max_iter), x_train.device, multiclass=True).device
+    net, x_train, x_val = net.to(device), x_train.to(device), None if x_val is None else x_val.to(device)
+    y_train, y_val = (y.to(device) if isinstance(y, Tensor) else y for y in (y_train, y_val))
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)
     x_train = analysis_inputs(x_train.reshape(len(y), -1), net.dtype)
     bias = net.biases is not None
 
-    columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias, dtype=net.dtype).numpy
+    columns = PathKernelColumns(x_train, slopes_train, net.betas, net.gammas, bias=bias, dtype=net.dtype)
 
     diag = path_kernel_diagonal(x_train, slopes_train, bias=bias, dtype=net.dtype).numpy()
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()

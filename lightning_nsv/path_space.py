@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.memory import base_page_empty
+from lightning_nsv.solver.protocol import KernelColumns
 
 __all__ = [
     "InputGramCache",
@@ -534,8 +535,9 @@ def gather_rows(sources: list[tuple[Tensor | None, Tensor, Tensor]], count: int,
     return out
 
 
-class PathKernelColumns:
-    """Columns ``K[:, idx]`` of the path kernel of one training set, computed on demand.
+class PathKernelColumns(KernelColumns):
+    """Columns ``K[:, idx]`` of the path kernel of one training set, computed on demand: the solver's
+    :class:`~lightning_nsv.solver.protocol.KernelColumns` (signed columns and blocks, rows on the device of ``x``).
 
     The slope Gram matrices come from one product of 0/1 indicators per layer in float32: with ``P_l`` the
     indicator of ``z >= 0`` (slope ``gamma``) and ``c_l`` its row sums,
@@ -563,7 +565,7 @@ class PathKernelColumns:
         if widest >= 1 << 24:
             raise ValueError(f"a hidden layer of {widest} units is too wide for exact float32 counts (< 2**24)")
         self.x = x.reshape(x.shape[0], -1)
-        self.dtype = self.x.dtype if dtype is None else dtype
+        self._dtype = self.x.dtype if dtype is None else dtype
         if analysis_inputs(self.x, self.dtype) is not self.x:
             raise ValueError(f"inputs of dtype {self.x.dtype} are not exact in the analysis dtype {self.dtype}: "
                              "convert them first")
@@ -579,8 +581,35 @@ class PathKernelColumns:
         if input_gram_cache is not None:
             input_gram_cache.attach(self.x, self.dtype)
 
+    offers_block = True  # signed_block costs O(b²·(f + Σ Ω_l)), not O(m·b·…)
+
     def __len__(self) -> int:
         return self.x.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The analysis dtype the kernel is computed in."""
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of ``x``, where everything runs."""
+        return self.x.device
+
+    def diagonal(self) -> np.ndarray:
+        """``diag(K)`` as float64 numpy (:func:`path_kernel_diagonal` of the slopes the indicators hold), in
+        ``O(m·(f + Σ Ω_l))``."""
+        def value(v: float) -> Tensor:
+            return torch.tensor(v, dtype=self.dtype, device=self.device)
+
+        layer_slopes = [torch.where(p > 0, value(g), value(b))
+                        for p, b, g in zip(self.indicators, self.betas, self.gammas)]
+        return path_kernel_diagonal(self.x, layer_slopes, bias=self.bias, dtype=self.dtype).to(
+            "cpu", torch.float64).numpy()
+
+    def columns(self, idx) -> np.ndarray:
+        """``K[:, idx]`` as float64 numpy (:meth:`numpy`)."""
+        return self.numpy(idx)
 
     def slope_gram(self, layer: int, idx: Tensor, part: slice = slice(None)) -> Tensor:
         """``G_l[idx, part]`` (transposed: rows are the requested samples; ``part`` a range of samples)."""

@@ -23,14 +23,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_nsv.path_space import PathKernelColumns, random_projection
+from lightning_nsv.solver.protocol import KernelColumns
 
 __all__ = ["ColumnSharing", "ShardedKernelColumns", "message_device", "serve"]
 
 _REQUEST, _STOP, _CHECK = 1, 0, 2
 
 
-class ShardedKernelColumns:
-    """The solver's columns ``Q[:, idx]`` computed by every rank of ``group`` on its shard of the rows.
+class ShardedKernelColumns(KernelColumns):
+    """The solver's columns ``Q[:, idx]`` computed by every rank of ``group`` on its shard of the rows (a
+    :class:`~lightning_nsv.solver.protocol.KernelColumns`; rows on the group's message device).
 
     Build it on every rank with the same ``columns``; the root passes it to
     :func:`~lightning_nsv.max_margin.max_margin` inside a :class:`ColumnSharing` block, the others call
@@ -41,25 +43,40 @@ class ShardedKernelColumns:
     def __init__(self, columns: PathKernelColumns, group: Any = None, root: int = 0) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ShardedKernelColumns needs an initialised torch.distributed process group")
-        self.columns, self.group, self.root = columns, group, root
+        self.local, self.group, self.root = columns, group, root
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         m = len(columns)
         bounds = [m * r // self.world_size for r in range(self.world_size + 1)]
         self.shards = [slice(bounds[r], bounds[r + 1]) for r in range(self.world_size)]
         self.widest = max(s.stop - s.start for s in self.shards)
-        self.device = message_device(group)
+        self._device = message_device(group)
         self._signs: Tensor | None = None
         self._sent_signs: Tensor | None = None  # the root's CPU copy of the labels last sent
         if self.rank == root:
             self._check_same_problem()
 
+    offers_block = True  # the root forms Q[idx, idx] alone
+
     def __len__(self) -> int:
-        return len(self.columns)
+        return len(self.local)
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the columns are computed in (that of the root's :class:`PathKernelColumns`)."""
-        return self.columns.dtype
+        return self.local.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The group's message device, where :meth:`signed_rows` gathers the rows."""
+        return self._device
+
+    def diagonal(self) -> np.ndarray:
+        """``diag(K)``, on the root alone (``O(m·(f + Σ Ω_l))``)."""
+        return self.local.diagonal()
+
+    def columns(self, idx) -> np.ndarray:
+        """``K[:, idx]`` as float64 numpy, computed by all ranks (root only)."""
+        return self.signed_columns(idx, np.ones(len(self)), 1.0)
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]`` (root only), shape ``(m, len(idx))``."""
@@ -71,7 +88,7 @@ class ShardedKernelColumns:
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[idx, idx]`` (:meth:`PathKernelColumns.signed_block`), on the root alone: ``b²`` entries."""
-        return self.columns.signed_block(idx, signs, scale)
+        return self.local.signed_block(idx, signs, scale)
 
     def signed_rows(self, idx, signs, scale: float) -> Tensor:
         """``Q[:, idx]ᵀ``, shape ``(len(idx), m)``, on the group's message device (root only)."""
@@ -115,8 +132,8 @@ class ShardedKernelColumns:
     def _fingerprint(self) -> Tensor:
         """``X r + Σ_l P_l r_l`` for fixed random ``r``: differs when a rank's inputs or activation patterns do."""
         generator = torch.Generator().manual_seed(0)
-        summary = random_projection(self.columns.x, generator)
-        for p in self.columns.indicators:
+        summary = random_projection(self.local.x, generator)
+        for p in self.local.indicators:
             summary += random_projection(p, generator)
         return summary.to(self.device)
 
@@ -138,8 +155,8 @@ class ShardedKernelColumns:
                              "training set in the same order and the same weights)")
 
     def _local(self, idx: Tensor, scale: float) -> Tensor:
-        shard, here = self.shards[self.rank], self.columns.x.device
-        rows = self.columns.signed_rows(idx.to(here), self._signs.to(here), scale, part=shard)
+        shard, here = self.shards[self.rank], self.local.x.device
+        rows = self.local.signed_rows(idx.to(here), self._signs.to(here), scale, part=shard)
         rows = rows.to(self.device, torch.float64)
         if rows.shape[1] < self.widest:
             rows = torch.cat([rows, rows.new_zeros(rows.shape[0], self.widest - rows.shape[1])], dim=1)

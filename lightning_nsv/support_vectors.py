@@ -16,7 +16,6 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_accuracy
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.max_margin import MaxMarginResult, NotSeparableError, max_margin, sample_indices
 from lightning_nsv.path_space import (
     InputGramCache,
     PathKernelColumns,
@@ -33,6 +32,15 @@ from lightning_nsv.path_space import (
     unique_patterns,
 )
 from lightning_nsv.sharded import ColumnSharing, serve
+from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, sample_indices
+from lightning_nsv.solver.options import (  # noqa: F401 (KERNEL_MODES, SOLVERS, analysis_device: for callers)
+    KERNEL_MODES,
+    SOLVERS,
+    SolverOptions,
+    analysis_device,
+    plan,
+    solver_device,
+)
 
 __all__ = [
     "NonFiniteError",
@@ -44,8 +52,6 @@ __all__ = [
     "signed_labels",
 ]
 
-KERNEL_MODES = ("auto", "dense", "columns")
-SOLVERS = ("auto", "numpy", "torch")
 # the cold start tries the INITIAL_MARGINS·⌊√m⌋ smallest network margins first: at m = 20,000 (60,000) the solver
 # then fetches 1,589 (4,174) columns for 1,183 (3,047) support vectors, against 1,777 (4,785) from ⌊√m⌋
 INITIAL_MARGINS = 4
@@ -206,8 +212,9 @@ def validation_metrics(analysis) -> dict[str, float]:
 
 
 def uses_dense_kernel(kernel: str, intercept: bool) -> bool:
-    """Whether :func:`network_support_vectors` builds the dense ``m×m`` kernel (else columns on demand)."""
-    return intercept or kernel == "dense"
+    """Whether :func:`network_support_vectors` builds the dense ``m×m`` kernel (else columns on demand):
+    :attr:`~lightning_nsv.solver.options.SolverOptions.dense`."""
+    return SolverOptions(kernel=kernel, intercept=intercept).dense
 
 
 def network_support_vectors(
@@ -272,17 +279,12 @@ def network_support_vectors(
             ``N(x) = 0`` counts as an error here: it has no margin, whatever ``sign(0)`` says.
         ValueError: on labels, options or a dense kernel that does not fit in memory.
     """
-    if kernel not in KERNEL_MODES:
-        raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
-    if not max_dense_bytes >= 1:
-        raise ValueError(f"`max_dense_bytes` must be at least 1, got {max_dense_bytes}")
-    if solver not in SOLVERS:
-        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
+    options = SolverOptions(kernel=kernel, solver=solver, intercept=intercept, C=C, max_dense_bytes=max_dense_bytes)
     _check_finite_network(net)
     check_samples(x_train, x_val)
-    device = analysis_device(x_train.device)
+    decided = plan(options, x_train.device)
+    device, solver_device = decided.device, decided.solver_device
     x_train = x_train.to(device)  # x_val too, below
-    solver_device = solver_backend_device(solver, device)
     x_train = x_train.reshape(len(x_train), -1)
     _check_finite_samples(x_train, "training inputs")
     y = signed_labels(y_train).to(device)
@@ -301,7 +303,7 @@ def network_support_vectors(
     bias = net.biases is not None
     m = len(y)
     dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
-    if uses_dense_kernel(kernel, intercept):
+    if decided.dense:
         _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept, device)
         svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C, device=solver_device)
@@ -349,8 +351,7 @@ def network_support_vectors(
         bound=compression_bound(m, svm.n_support_, n_hidden, delta),
         delta=delta,
         signs=path_signs(net),
-        solver_backend=svm.method if svm.method != "active-set" else (
-            "numpy" if solver_device is None else f"torch ({solver_device})"),
+        solver_backend=svm.method if svm.method != "active-set" else decided.backend,
     )
     if x_val is not None:
         _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
@@ -410,16 +411,8 @@ def _kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Te
                              input_gram_cache=cache, dtype=net.dtype)
 
 
-def analysis_device(device: torch.device | str) -> torch.device:
-    """Where a float64 analysis of tensors on ``device`` runs: there for CUDA, else the CPU (MPS has no float64)."""
-    device = torch.device(device)
-    return device if device.type == "cuda" else torch.device("cpu")
-
-
-def solver_backend_device(solver: str, device: torch.device) -> torch.device | None:
-    """The device the ``solver`` option runs the active-set solver on for inputs on ``device`` (``None``: numpy on
-    the CPU)."""
-    return device if solver == "torch" or (solver == "auto" and device.type == "cuda") else None
+# the decisions, made in lightning_nsv.solver.options; kept under these names for existing callers
+solver_backend_device = solver_device
 
 
 def check_samples(x_train: Tensor, x_val: Tensor | None = None) -> None:

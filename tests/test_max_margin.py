@@ -190,11 +190,12 @@ def test_updates_and_downdates_in_place_give_the_factor_of_the_members(monkeypat
     """Admitting blocks and deleting any members, in any order, leaves the Cholesky factor of the members' Gram
     matrix (the factor lives in one block of memory that grows by copies only when too small; its columns move in
     groups, several groups per move when they are small)."""
-    import lightning_nsv.max_margin as max_margin_module
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+    from lightning_nsv.solver import factor
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
-    monkeypatch.setattr(max_margin_module, "REMOVE_COLUMNS", columns_moved_at_once)
-    monkeypatch.setattr(max_margin_module, "GROW_COLUMNS", columns_moved_at_once)
+    monkeypatch.setattr(factor, "REMOVE_COLUMNS", columns_moved_at_once)
+    monkeypatch.setattr(factor, "GROW_COLUMNS", columns_moved_at_once)
     rng = np.random.default_rng(0)
     for _ in range(100):
         m = int(rng.integers(2, 60))
@@ -237,7 +238,8 @@ def test_the_factor_grows_in_its_own_memory_unless_a_view_of_it_is_held(hold_a_v
     """Admissions that outgrow the factor's memory enlarge that memory in place (the old factor is not held twice)
     when no view of it is held elsewhere, else copy it into new memory; ``L Lᵀ = Q_FF`` either way, through
     deletions too."""
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
     rng = np.random.default_rng(6)
     m = 300
@@ -270,8 +272,11 @@ def test_column_store_merges_narrow_blocks_and_keeps_q_times_exact(on_device):
     ``Q[:, F] α`` stays that of the members through admissions, deletions and compactions."""
     import torch
 
-    import lightning_nsv.max_margin as max_margin_module
-    from lightning_nsv.max_margin import _ColumnStore, _DeviceColumnStore, _DeviceFreeSet, _FreeSet
+    import lightning_nsv.solver.column_store as max_margin_module
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.column_store import DeviceColumnStore as _DeviceColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
+    from lightning_nsv.solver.factor import TorchFreeSet as _DeviceFreeSet
 
     rng = np.random.default_rng(2)
     m = 400
@@ -300,8 +305,9 @@ def test_compaction_shrinks_blocks_it_owns_in_place_and_leaves_held_views_alone(
     """Columns given as the transpose of C-ordered rows (as ``PathKernelColumns.signed_columns`` gives them on the
     CPU) are compacted in their own memory, unless a view of the block is held elsewhere (e.g. a candidate's
     columns): that view keeps its values. ``Q[:, F] α`` stays exact."""
-    import lightning_nsv.max_margin as max_margin_module
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+    import lightning_nsv.solver.column_store as max_margin_module
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
     monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
@@ -337,8 +343,9 @@ def test_compaction_shrinks_blocks_it_owns_in_place_and_leaves_held_views_alone(
 def test_samples_reentering_from_their_dead_columns_do_not_pile_up_narrow_blocks(lazy):
     """A member removed and admitted again is served from its stored dead column, a block of one column: those are
     merged on the full and on the lazy route alike, and ``Q[:, F] α`` stays exact."""
-    import lightning_nsv.max_margin as max_margin_module
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+    import lightning_nsv.solver.column_store as max_margin_module
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
     rng = np.random.default_rng(0)
     m = 300
@@ -364,7 +371,10 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
     there and not asked of ``q_columns``; the fetched columns are those of the samples, whatever their order."""
     import torch
 
-    from lightning_nsv.max_margin import _ColumnStore, _DeviceColumnStore, _DeviceFreeSet, _FreeSet
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.column_store import DeviceColumnStore as _DeviceColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
+    from lightning_nsv.solver.factor import TorchFreeSet as _DeviceFreeSet
 
     rng = np.random.default_rng(3)
     m = 300
@@ -402,7 +412,8 @@ def test_a_sample_that_reenters_the_free_set_reuses_its_stored_column(on_device)
 def test_a_lazy_fetch_counts_a_reused_dead_column_only_when_it_is_admitted():
     """On the lazy route a dead column is copied at the fetch but counted in ``reused`` at the admission: a fetched
     candidate that is never admitted leaves the count alone."""
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
     rng = np.random.default_rng(5)
     m = 120
@@ -424,7 +435,9 @@ def test_lazy_candidates_read_their_entries_from_the_members_and_form_columns_on
     """With ``q_block`` the store fetches ``Q[F ∪ new, new]`` (members' rows from their stored columns, the block of
     the candidates from ``q_block``) and forms full columns at the next ``Q[:, F] α`` only for candidates still in
     F and without a stored dead column: one removed before it is never asked of ``q_columns``."""
-    from lightning_nsv.max_margin import _ColumnStore, _FreeSet, _LazyColumns
+    from lightning_nsv.solver.column_store import ColumnStore as _ColumnStore
+    from lightning_nsv.solver.column_store import LazyColumns as _LazyColumns
+    from lightning_nsv.solver.factor import NumpyFreeSet as _FreeSet
 
     rng = np.random.default_rng(4)
     m = 300

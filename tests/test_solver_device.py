@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.max_margin import _DeviceColumnStore, _DeviceFreeSet, _device_q_columns, max_margin
+from lightning_nsv.max_margin import max_margin
+from lightning_nsv.solver.column_store import DeviceColumnStore as _DeviceColumnStore
+from lightning_nsv.solver.column_store import device_q_columns as _device_q_columns
+from lightning_nsv.solver.factor import TorchFreeSet as _DeviceFreeSet
 from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes
 from lightning_nsv.support_vectors import network_support_vectors
 from tests.test_multiclass import random_net as random_multiclass_net
@@ -67,15 +70,15 @@ def test_torch_backend_with_column_functions_and_a_warm_start():
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_compacting_the_column_store_leaves_the_solution(monkeypatch, device):
     """Dead columns dropped at every chance (the defaults keep them up to 64 MiB): the same solution."""
-    import lightning_nsv.max_margin as max_margin_module
+    import lightning_nsv.solver.column_store as max_margin_module
 
     rng = np.random.default_rng(12)
     x, y = _separable(rng, 300, 6, duplicates=40)
     kernel = (x @ x.T + 1.0) ** 3
     reference = max_margin(kernel, y, device=device)
     compactions = []
-    original = max_margin_module._ColumnStore._compact
-    monkeypatch.setattr(max_margin_module._ColumnStore, "_compact",
+    original = max_margin_module.ColumnStore._compact
+    monkeypatch.setattr(max_margin_module.ColumnStore, "_compact",
                         lambda store, *args: (compactions.append(len(store._where)), original(store, *args)))
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
     monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
@@ -164,16 +167,16 @@ def test_network_support_vectors_same_with_either_solver(bias, beta):
 
 def test_solver_choice_reaches_the_solver(monkeypatch):
     """``"torch"`` runs the device backend; ``"numpy"`` and ``"auto"`` on CPU inputs do not."""
-    import lightning_nsv.max_margin as max_margin_module
+    import lightning_nsv.solver.factor as max_margin_module
 
     built = []
-    original = max_margin_module._DeviceFreeSet.__init__
+    original = max_margin_module.TorchFreeSet.__init__
 
     def spy(self, store):
         built.append(store.device)
         original(self, store)
 
-    monkeypatch.setattr(max_margin_module._DeviceFreeSet, "__init__", spy)
+    monkeypatch.setattr(max_margin_module.TorchFreeSet, "__init__", spy)
     net = random_net((5,), in_features=4, beta=0.0, bias=False, seed=10)
     x, y = self_labelled(net, 80, seed=10)
     for solver, expected in (("numpy", 0), ("auto", 0), ("torch", 1)):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_nsv.max_margin import NotSeparableError, max_margin
+from lightning_nsv.solver.protocol import KernelColumns
 from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel
 from lightning_nsv.support_vectors import NonFiniteError, network_support_vectors, signed_labels
 from tests.test_path_space import random_net
@@ -501,13 +502,13 @@ def test_float32_columns_take_full_fetches_and_keep_duplicates_out(monkeypatch, 
     """A float32 network's columns and a block of them round apart by about 1e-7, enough for a duplicate of a member
     to pass for an independent sample: the solver then fetches full columns (no ``signed_block``), and no duplicate
     pair ends in the free set, without a KKT warning."""
-    import lightning_nsv.max_margin as max_margin_module
+    import lightning_nsv.solver.factor as max_margin_module
 
     blocks, free_sets = [], []
-    original_block, original_init = PathKernelColumns.signed_block, max_margin_module._FreeSet.__init__
+    original_block, original_init = PathKernelColumns.signed_block, max_margin_module.NumpyFreeSet.__init__
     monkeypatch.setattr(PathKernelColumns, "signed_block",
                         lambda self, *args: (blocks.append(1), original_block(self, *args))[1])
-    monkeypatch.setattr(max_margin_module._FreeSet, "__init__",
+    monkeypatch.setattr(max_margin_module.NumpyFreeSet, "__init__",
                         lambda self, store: (original_init(self, store), free_sets.append(self))[0])
     for seed in range(3):
         net64 = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=4 + seed)
@@ -541,7 +542,8 @@ def test_float32_columns_take_full_fetches_and_keep_duplicates_out(monkeypatch, 
 def test_compactions_in_place_and_panelled_downdates_leave_the_solution(monkeypatch, bias, beta, warm):
     """Dead columns dropped at every chance from the kernel columns' own blocks (shrunk in place) and downdates
     in panels of 3 rows: the dense solve's support and α, cold and warm started."""
-    import lightning_nsv.max_margin as max_margin_module
+    import lightning_nsv.solver.column_store as max_margin_module
+    from lightning_nsv.solver import factor
 
     first, second, x, y = a_network_and_a_nearby_one(beta, bias, step=0.05, seed=3)
     cache = InputGramCache() if warm else None
@@ -549,14 +551,14 @@ def test_compactions_in_place_and_panelled_downdates_leave_the_solution(monkeypa
         network_support_vectors(first, x, y, cache=cache)
     reference = network_support_vectors(second, x, y, kernel="dense").svm
     shrunk = []
-    original = max_margin_module._ColumnStore._without_dead
-    monkeypatch.setattr(max_margin_module._ColumnStore, "_without_dead",
+    original = max_margin_module.ColumnStore._without_dead
+    monkeypatch.setattr(max_margin_module.ColumnStore, "_without_dead",
                         lambda store, b, columns: shrunk.append(store._blocks[b].base is not None)
                         or original(store, b, columns))
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_MIN", 1)
     monkeypatch.setattr(max_margin_module, "DEAD_BYTES_MIN", 0)
     monkeypatch.setattr(max_margin_module, "DEAD_COLUMNS_SHARE", 10 ** 6)
-    monkeypatch.setattr(max_margin_module, "REMOVE_COLUMNS", 3)
+    monkeypatch.setattr(factor, "REMOVE_COLUMNS", 3)
     svm = network_support_vectors(second, x, y, kernel="columns", cache=cache).svm
     np.testing.assert_array_equal(svm.support_, reference.support_)
     np.testing.assert_allclose(svm.alpha_, reference.alpha_, rtol=1e-8, atol=1e-8 * reference.alpha_.max())
@@ -575,20 +577,33 @@ def test_lazy_candidates_give_the_solution_of_full_columns_with_fewer_columns(bi
     signs = signed_labels(y).numpy()
     slopes = forward_with_slopes(net, x)[1]
 
-    class Counted:
-        def __init__(self, lazy):
-            self.columns = PathKernelColumns(x, slopes, net.betas, net.gammas, bias=bias,
-                                             input_gram_cache=InputGramCache() if cached else None)
-            self.asked = 0
-            if lazy:
-                self.signed_block = self.columns.signed_block
+    class Counted(KernelColumns):
+        """A provider of the protocol that counts the full columns asked of it; ``lazy``: it offers blocks too."""
 
-        def __call__(self, idx):
-            return self.columns(idx)
+        def __init__(self, lazy):
+            self.columns_ = PathKernelColumns(x, slopes, net.betas, net.gammas, bias=bias,
+                                              input_gram_cache=InputGramCache() if cached else None)
+            self.asked = 0
+            self.offers_block = lazy
+
+        def __len__(self):
+            return len(self.columns_)
+
+        dtype = property(lambda self: self.columns_.dtype)
+        device = property(lambda self: self.columns_.device)
+
+        def diagonal(self):
+            return self.columns_.diagonal()
+
+        def columns(self, idx):
+            return self.columns_.columns(idx)
 
         def signed_columns(self, idx, s, scale):
             self.asked += len(idx)
-            return self.columns.signed_columns(idx, s, scale)
+            return self.columns_.signed_columns(idx, s, scale)
+
+        def signed_block(self, idx, s, scale):
+            return self.columns_.signed_block(idx, s, scale)
 
     diag = np.diag(path_kernel(x, slopes, bias=bias).numpy())
     full, lazy = Counted(False), Counted(True)

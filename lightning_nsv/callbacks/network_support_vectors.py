@@ -643,7 +643,7 @@ class NetworkSupportVectors(Callback):
                 cache=None if self.stop_on_zero_error else self._gram_cache,  # rows kept for the next analysis only
             )
         return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
-                                          delta=self.delta)  # on the CPU, where it moves its inputs
+                                          delta=self.delta, solver=self.solver)  # on the CPU: warns for "torch"
 
     def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
         # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
