@@ -171,14 +171,20 @@ def test_mlp_three_classes_equals_multiclass_support_vectors(beta, bias):
         assert torch.equal(a, b)
 
 
-def test_warm_start_gives_the_same_solution():
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_warm_start_and_torch_solver_give_the_same_solution(outputs):
     torch.manual_seed(11)
-    module = mlp_sequential(10, [8], 3)
+    module = mlp_sequential(10, [8], outputs)
     x, y = separated(module, 100, 10)
     cold = whole_network_support_vectors(module, x, y)
-    warm = whole_network_support_vectors(module, x, y, initial=cold.svm.support_)
-    np.testing.assert_array_equal(warm.svm.support_, cold.svm.support_)
-    assert relative(warm.svm.alpha_, cold.svm.alpha_) < ALPHA_TOL
+    others = [whole_network_support_vectors(module, x, y, initial=cold.svm.support_[::2]),
+              whole_network_support_vectors(module, x, y, initial=torch.from_numpy(cold.svm.support_))]
+    if outputs == 1:
+        others.append(whole_network_support_vectors(module, x, y, solver="torch"))
+        assert others[-1].solver_backend == "torch (cpu)" and cold.solver_backend == "numpy"
+    for other in others:
+        np.testing.assert_array_equal(other.svm.support_, cold.svm.support_)
+        assert relative(other.svm.alpha_, cold.svm.alpha_) < ALPHA_TOL
 
 
 # ---------------------------------------------------------------------------------------------- tiny CNN: exact
@@ -329,6 +335,15 @@ def test_refuses_training_error_naming_count_and_first_indices(binary_cnn):
         whole_network_support_vectors(module, x, wrong)
 
 
+def test_refuses_three_class_training_error(three_class_cnn):
+    module, x, y, *_ = three_class_cnn
+    wrong = y.clone()
+    wrong[[3, 50, 51]] = (wrong[[3, 50, 51]] + 1) % 3
+    with pytest.raises(NotSeparableError, match=r"misclassifies 3 of 120 training samples \(first: 3, 50, 51;.*"
+                                                r"N_y\(x\) − N_k\(x\) > 0"):
+        whole_network_support_vectors(module, x, wrong)
+
+
 def test_refuses_duplicates_with_different_labels():
     module = mlp_sequential(4, [3], 3)
     x = torch.randn(10, 4)
@@ -377,13 +392,32 @@ def test_refuses_non_finite():
 
 
 def test_refuses_over_memory_budget_with_the_numbers(binary_cnn):
-    module, x, y, *_ = binary_cnn
+    module, x, y, xv, _ = binary_cnn
     graph = trace(module, x)
-    parts = memory_estimate(graph, len(x))
-    assert parts["gates"] == len(x) * (2 * 64 + 2 * 16 + 4 * 2 * 16 + 8)
-    assert parts["inputs"] == 8 * len(x) * 64
-    with pytest.raises(ValueError, match=r"needs at least .* MiB \(inputs .* gates .* columns .*above memory_bytes"):
-        whole_network_support_vectors(module, x, y, memory_bytes=parts["total"] - 1)
+    parts = memory_estimate(graph, len(x), len(xv))
+    assert parts["gates"] == (len(x) + len(xv)) * (2 * 64 + 2 * 16 + 4 * 2 * 16 + 8)
+    assert parts["inputs"] == 8 * (len(x) + len(xv)) * 64
+    assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+    with pytest.raises(ValueError, match=r"needs at least .* MiB before its solver starts \(inputs .* MiB, gates .* "
+                                         r"MiB, .*\), above memory_bytes="):
+        whole_network_support_vectors(module, x, y, xv, memory_bytes=parts["total"] - 1)
+    columns = 8 * len(x)
+    with pytest.raises(ValueError, match=r"kernel columns of \d+ samples \(.* MiB; .* MiB with the inputs and gates\), "
+                                         r"above memory_bytes="):
+        whole_network_support_vectors(module, x, y, xv, memory_bytes=parts["total"] + 3 * columns)
+    fits = whole_network_support_vectors(module, x, y, xv, memory_bytes=parts["total"] + len(x) * columns)
+    assert fits.n_support > 3
+
+
+def test_three_class_solver_columns_count_against_the_budget():
+    torch.manual_seed(4)
+    module = tiny_cnn(outputs=3)
+    x = digits([0, 3, 8], 60)[0]
+    y = own_labels(module, x)
+    total = memory_estimate(trace(module, x), len(x))["total"]
+    with pytest.raises(ValueError, match=r"kernel columns of \d+ samples"):
+        whole_network_support_vectors(module, x, y, memory_bytes=total + 2 * 8 * len(x))
+    assert whole_network_support_vectors(module, x, y, memory_bytes=total + len(x) * 8 * len(x)).n_support > 2
 
 
 def test_refuses_bad_options(binary_cnn):
@@ -396,4 +430,12 @@ def test_refuses_bad_options(binary_cnn):
         whole_network_support_vectors(module, x, y, solver="cuda")
     with pytest.raises(ValueError, match="outside"):
         whole_network_support_vectors(module, x, y, initial=[0, len(x)])
+    with pytest.raises(ValueError, match="class labels must be integers in \\[0, 3\\)"):
+        whole_network_support_vectors(tiny_cnn(outputs=3), x, y + 2)
+    with pytest.raises(ValueError, match="num_classes=2, but the network has 3 outputs"):
+        whole_network_support_vectors(tiny_cnn(outputs=3), x, y, num_classes=2)
+    with pytest.raises(ValueError, match="binary labels"):
+        whole_network_support_vectors(module, x[:30], y[:30], x[30:40], y[30:40] + 0.5)
+    with pytest.raises(ValueError, match="delta"):
+        whole_network_support_vectors(module, x, y, delta=1.5)
     assert whole_network_support_vectors(module, x[:30], y[:30], num_classes=2).m == 30

@@ -1,11 +1,12 @@
 """Network support vectors of a whole piecewise-linear network (DESIGN.md §2, §2b, §2c; issue 32).
 
-:func:`whole_network_support_vectors` runs the analysis of :func:`~lightning_nsv.support_vectors.network_support_vectors`
-(one output) or :func:`~lightning_nsv.multiclass.multiclass_support_vectors` (``K >= 2`` outputs) on the path kernel
-of the *whole* traced module (convolutions, pooling, BatchNorm in eval, residual sums: :mod:`lightning_nsv.kernel`),
-not only on a Linear/Leaky-ReLU head after a fixed embedding. The results are the existing result classes with the
-scope of the kernel added (:class:`WholeNetworkAnalysis`, :class:`WholeNetworkMulticlassAnalysis`). Nothing here
-imports Lightning.
+:func:`whole_network_support_vectors` runs the analysis of
+:func:`~lightning_nsv.support_vectors.network_support_vectors` (one output) or
+:func:`~lightning_nsv.multiclass.multiclass_support_vectors` (``K >= 2`` outputs) on the path kernel of the *whole*
+traced module (convolutions, pooling, BatchNorm in eval, residual sums: :mod:`lightning_nsv.kernel`), not only on a
+Linear/Leaky-ReLU head after a fixed embedding. The results are the existing result classes with the scope of the
+kernel added (:class:`WholeNetworkAnalysis`, :class:`WholeNetworkMulticlassAnalysis`). Memory:
+:mod:`lightning_nsv.analysis.whole_network_memory`. Nothing here imports Lightning.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from lightning_nsv.kernel import (
     unique_patterns,
 )
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
+from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
 from lightning_nsv.max_margin import NotSeparableError, max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.multiclass import (
@@ -48,7 +50,6 @@ from lightning_nsv.support_vectors import (
     SOLVERS,
     SupportVectorAnalysis,
     _check_finite_samples,
-    available_memory_bytes,
     check_samples,
     compression_bound,
     signed_labels,
@@ -123,53 +124,6 @@ class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
     scope_counts: ScopeSummary | None = field(default=None, repr=False)
 
 
-# ------------------------------------------------------------------------------------------------------ memory
-
-
-def _gate_bytes(graph: PiecewiseGraph) -> int:
-    """Bytes of the gates of one sample: a bool per gate unit, an int32 per max-pool selection, the float64 output."""
-    units = lambda shape: math.prod(shape)  # noqa: E731
-    return (sum(units(g.shape) for g in graph.gates) + 4 * sum(units(p.shape) for p in graph.pools)
-            + 8 * graph.num_outputs)
-
-
-def memory_estimate(graph: PiecewiseGraph, m: int, n_val: int = 0, initial_columns: int | None = None,
-                    block_bytes: int = MEMORY_BYTES) -> dict[str, int]:
-    """What :func:`whole_network_support_vectors` holds at least, in bytes, before it allocates it: ``inputs``
-    (float64 copies of the training and validation inputs), ``gates`` (of both sets), ``columns`` (the first
-    ``initial_columns`` kernel columns the solver stores, ``8·m`` bytes each; it adds ``8·m`` per further sample that
-    enters its free set, plus ``8·|F|²`` for its factor), ``blocks`` (one block of the pair network and of the
-    float64 forward) and ``total``."""
-    if initial_columns is None:
-        initial_columns = INITIAL_MARGINS * int(math.sqrt(m))
-    f = math.prod(graph.input_shape)
-    parts = {
-        "inputs": 8 * (m + n_val) * f,
-        "gates": (m + n_val) * _gate_bytes(graph),
-        "columns": 8 * m * (min(m, initial_columns) + 1),  # + the diagonal
-        "blocks": 2 * block_bytes,
-    }
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def _check_memory(parts: dict[str, int], limit: int | None, device: torch.device) -> None:
-    need = parts["total"]
-    detail = ", ".join(f"{name} {value / 2**20:.1f} MiB" for name, value in parts.items() if name != "total")
-    what = f"the whole-network analysis needs at least {need / 2**20:.1f} MiB ({detail})"
-    fix = "analyse fewer samples, or a smaller network (or only its head: network_support_vectors)"
-    if limit is not None and need > limit:
-        raise ValueError(f"{what}, above memory_bytes={limit:,}; {fix}, or raise memory_bytes")
-    available = available_memory_bytes()
-    if available is not None and need > available:
-        raise ValueError(f"{what}, more than the {available / 2**20:.1f} MiB of memory available; {fix}")
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
-            - torch.cuda.memory_allocated(device)
-        if need > free:
-            raise ValueError(f"{what}, more than the {free / 2**20:.1f} MiB free on {device}; {fix}")
-
-
 # ------------------------------------------------------------------------------------------------------ checks
 
 
@@ -213,19 +167,30 @@ def _cat_gates(first: Gates, second: Gates) -> Gates:
 
 def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates, x_val: Tensor, gates_val: Gates,
                   block_bytes: int) -> Tensor:
-    """``K(x_val, x_support)``, ``(n, s)`` float64 on the graph's device: a :class:`PairNetworkColumns` over the
-    support followed by a chunk of validation samples, its first ``s`` columns' last rows. Memory per chunk of ``c``
-    validation samples: ``8·(s + c)·(f + s)`` bytes plus their gates; the ``s×s`` block is formed once per chunk
-    (wasted), so a chunk is :data:`VALIDATION_CHUNK` samples."""
+    """``K(x_val, x_support)``, ``(n, s)`` float64 on the graph's device, from a :class:`PairNetworkColumns` over the
+    support followed by a chunk of ``c`` validation samples (memory ``8·(s + c)·(f + s)`` bytes plus their gates):
+    the pair network on the ``c×s`` pairs only, or for a Linear chain the first ``s`` columns by §1's GEMMs."""
     s = len(x_support)
     parts = []
     for lo in range(0, len(x_val), VALIDATION_CHUNK):
         idx = torch.arange(lo, min(len(x_val), lo + VALIDATION_CHUNK), device=graph.device)
-        both = torch.cat([x_support.to(graph.device, torch.float64), x_val[lo:lo + len(idx)].to(graph.device,
-                                                                                             torch.float64)])
+        both = torch.cat([x_support.to(graph.device, torch.float64),
+                          x_val[lo:lo + len(idx)].to(graph.device, torch.float64)])
         columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
                                      memory_bytes=block_bytes)
-        parts.append(columns.columns(torch.arange(s))[s:])
+        if graph.chain is not None:
+            parts.append(columns.columns(torch.arange(s))[s:])
+            continue
+        part = torch.empty(len(idx), s, dtype=torch.float64, device=graph.device)
+        width = max(1, min(s, columns.pairs_per_block))
+        rows = max(1, columns.pairs_per_block // width)
+        for j0 in range(0, s, width):
+            cols = torch.arange(j0, min(s, j0 + width), device=graph.device)
+            for i0 in range(0, len(idx), rows):
+                left = torch.arange(s + i0, s + min(len(idx), i0 + rows), device=graph.device)
+                part[i0:i0 + len(left), j0:j0 + len(cols)] = columns.pairs(left, cols, outer=True).view(
+                    len(left), len(cols))
+        parts.append(part)
     return torch.cat(parts) if parts else torch.zeros(0, s, dtype=torch.float64, device=graph.device)
 
 
@@ -268,10 +233,11 @@ def whole_network_support_vectors(
     kernel columns by the pair network only for samples that enter the solver's free set (``8·m`` bytes each; on a
     small CNN on 8×8 inputs about 5–12 ms a column at ``m = 1,000``, one CPU thread), and the diagonal (``m``
     pair-network evaluations). Validation: the gates of ``x_val`` and the kernel between validation samples and the
-    ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of
-    validation samples: ``8·(s + c)·(f + s)`` bytes for a chunk of ``c``, plus an ``s×s`` block per chunk). The
-    memory held at the start (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available
-    before anything large is allocated.
+    ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
+    validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` = :data:`VALIDATION_CHUNK`). What is allocated before the
+    solve (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available before it is
+    allocated, and the solver's kernel columns (``8·m`` bytes per sample asked for) against the same budget before
+    each is formed: a refusal names the numbers.
 
     Args:
         module: takes a batch of inputs ``(n, *input_shape)`` and returns ``(n,)``, ``(n, 1)`` or ``(n, K)`` logits;
@@ -283,7 +249,8 @@ def whole_network_support_vectors(
         initial: sample indices to try first as support vectors (a warm start: admitted whole; for ``K`` outputs all
             their pairs); default: the ``4·⌊√m⌋`` smallest network margins ``y·N(x)`` (binary), the
             ``⌊√(m(K−1))⌋`` smallest pair margins (K-class). The solution does not depend on it.
-        memory_bytes: budget for what :func:`memory_estimate` counts (``None``: the memory available only).
+        memory_bytes: budget in bytes for what :func:`memory_estimate` counts and the kernel columns the solver
+            forms (``None``: the memory available at the start only); checked before each allocation.
         solver: where the binary active-set solver runs, as in ``network_support_vectors`` (``"auto"``: torch on
             CUDA, numpy on the CPU); the K-class solver runs in numpy.
         block_bytes: float64 values alive at once in one block of the pair network (a larger one on a GPU).
@@ -298,6 +265,8 @@ def whole_network_support_vectors(
     """
     if solver not in SOLVERS:
         raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
     check_samples(x_train, x_val)
     if y_val is not None and x_val is None:
         raise ValueError("y_val without x_val: pass the validation inputs too")
@@ -313,141 +282,129 @@ def whole_network_support_vectors(
 
     with eval_mode(module):
         graph = trace(module, x_train[:8])
-    outputs_k = graph.num_outputs
-    if num_classes is not None and num_classes != (2 if outputs_k == 1 else outputs_k):
-        raise ValueError(f"num_classes={num_classes}, but the network has {outputs_k} output"
-                         f"{'' if outputs_k == 1 else 's'} ({'binary: 2 classes' if outputs_k == 1 else 'K classes'})")
-    binary = outputs_k == 1
-    scope = scope_summary(graph)
-    n_val = 0 if x_val is None else len(x_val)
+    num_outputs = graph.num_outputs
+    if num_classes is not None and num_classes != (2 if num_outputs == 1 else num_outputs):
+        kind = "1 output (binary: 2 classes)" if num_outputs == 1 else f"{num_outputs} outputs"
+        raise ValueError(f"num_classes={num_classes}, but the network has {kind}")
+    binary = num_outputs == 1
+    y = signed_labels(y_train) if binary else torch.from_numpy(class_labels(y_train, num_outputs, m))
+    if y_val is not None:
+        y_val = signed_labels(y_val) if binary else torch.from_numpy(class_labels(y_val, num_outputs, len(x_val)))
     if initial is not None:
         initial = sample_indices(initial)
         if len(initial) and (initial.min() < 0 or initial.max() >= m):
             raise ValueError(f"`initial` holds indices outside [0, {m})")
-    first_columns = (len(initial) if initial is not None else
-                     INITIAL_MARGINS * int(math.sqrt(m)) if binary else int(math.sqrt(m * (outputs_k - 1))))
-    _check_memory(memory_estimate(graph, m, n_val, first_columns, block_bytes), memory_bytes, graph.device)
-    if not binary:  # fails for a network whose outputs are not those of a last Linear: before the solve
-        gram = output_gram(graph).to(torch.float64).numpy()
+    parts = memory_estimate(graph, m, 0 if x_val is None else len(x_val), block_bytes)
+    budget = memory_budget(parts, memory_bytes, graph.device)
+    gram = None if binary else output_gram(graph).to(torch.float64).numpy()  # needs a last Linear: before the solve
 
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
+    outputs = gates.output.reshape(m, num_outputs).cpu()
+    margins = _check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
+    budgeted = BudgetedColumns(columns, parts["total"], budget)
     diag = columns.diagonal().cpu().numpy()
-    common = dict(m=m, unique_patterns_train=unique_patterns(gates), delta=delta, scope=str(scope),
-                  scope_counts=scope)
+    scope = scope_summary(graph)
     if binary:
-        analysis = _binary(graph, x_train, y_train, gates, columns, diag, initial, solver, tol, scope)
+        analysis = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
+        side_bits = scope.gates
     else:
-        analysis = _multiclass(graph, x_train, y_train, gates, columns, diag, initial, tol, gram, scope, delta)
-    analysis.update(common)
+        side_bits = scope.gates + math.ceil(math.log2(num_outputs))
+        analysis = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
+        analysis.update(num_classes=num_outputs, side_bits=side_bits)
+    svm = analysis["svm"]
+    analysis.update(m=m, n_hidden=scope.gates, unique_patterns_train=unique_patterns(gates), delta=delta,
+                    bound=compression_bound(m, svm.n_support_, side_bits, delta), scope=str(scope),
+                    scope_counts=scope)
     if x_val is not None:
         val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
-        support = torch.as_tensor(analysis["svm"].support_, dtype=torch.long, device=graph.device)
+        support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
         kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes)
-        svm = analysis["svm"]
-        coef = (torch.from_numpy(svm.alpha_[svm.support_]) * signed_labels(y_train)[svm.support_] if binary
-                else torch.from_numpy(svm.beta_[svm.support_])).to(kernel.device, torch.float64)
-        analysis.update(_validation(coef, kernel, val_gates.output, val_gates, y_val, binary, outputs_k))
+        coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
+            torch.from_numpy(svm.beta_[svm.support_])
+        analysis.update(_validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, num_outputs))
+    return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
+
+
+def _check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
+    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
+    refuses unless every one is positive (Assumption 1)."""
     if binary:
-        analysis["bound"] = compression_bound(m, analysis["svm"].n_support_, scope.gates, delta)
-        return WholeNetworkAnalysis(**analysis)
-    return WholeNetworkMulticlassAnalysis(**analysis)
+        margins = (y * outputs[:, 0]).numpy()
+        wrong, boundary, requirement = margins <= 0, margins == 0, "y·N(x) > 0"
+    else:
+        margins = pair_margins(outputs, y.numpy())
+        wrong, boundary = margins.min(1) <= 0, margins.min(1) == 0
+        requirement = "N_y(x) − N_k(x) > 0 for every k ≠ y"
+    if wrong.any():
+        raise NotSeparableError(_not_separable(x, y, torch.from_numpy(wrong), torch.from_numpy(boundary), requirement))
+    return margins
 
 
-def _binary(graph, x_train, y_train, gates, columns, diag, initial, solver, tol, scope) -> dict:
-    m = len(x_train)
-    y = signed_labels(y_train).to(graph.device)
-    outputs = gates.output.reshape(m)
-    wrong = y * outputs <= 0
-    if bool(wrong.any()):
-        raise NotSeparableError(_not_separable(x_train, y.cpu(), wrong.cpu(), (outputs == 0).cpu(), "y·N(x) > 0"))
+def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:
+    m = len(y)
     initial_block = None  # a guess from the margins is admitted ⌊√m⌋ at a time, a given support whole
     if initial is None:
-        initial = np.sort(torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(m))].cpu().numpy())
+        initial = np.sort(np.argsort(margins, kind="stable")[: INITIAL_MARGINS * int(math.sqrt(m))])
     else:
         initial_block = max(1, len(initial))
     device = solver_backend_device(solver, graph.device)
     svm = max_margin(columns, y, kernel_diag=diag, initial=initial, initial_block=initial_block, device=device,
                      tol=tol)
     wbar_norm = math.sqrt(path_norm_squared(graph))
-    y_cpu, outputs_cpu = y.cpu(), outputs.cpu()
-    wbar_dot_v = float((torch.from_numpy(svm.alpha_) * y_cpu * outputs_cpu).sum())
-    network_margin = float((y_cpu * outputs_cpu).min()) / wbar_norm
+    network_margin = float(margins.min()) / wbar_norm
     return dict(
         svm=svm,
-        n_hidden=scope.gates,
         network_margin=network_margin,
         margin_ratio=network_margin / svm.margin,
-        cosine=wbar_dot_v / (wbar_norm * math.sqrt(svm.norm_v_sq)),
+        cosine=float((torch.from_numpy(svm.alpha_) * y * outputs).sum()) / (wbar_norm * math.sqrt(svm.norm_v_sq)),
         wbar_norm=wbar_norm,
-        bound=math.nan,  # set once the support is known
         solver_backend=svm.method if svm.method != "active-set" else (
             "numpy" if device is None else f"torch ({device})"),
     )
 
 
-def _multiclass(graph, x_train, y_train, gates, columns, diag, initial, tol, gram, scope, delta) -> dict:
-    num_classes = graph.num_outputs
-    outputs = gates.output.reshape(len(x_train), num_classes).cpu()
-    y = class_labels(y_train, num_classes, len(outputs))
-    margins = pair_margins(outputs, y)
-    wrong = margins.min(1) <= 0
-    if wrong.any():
-        ties = torch.from_numpy(margins.min(1) == 0)
-        raise NotSeparableError(_not_separable(x_train, torch.from_numpy(y), torch.from_numpy(wrong), ties,
-                                               "N_y(x) − N_k(x) > 0 for every k ≠ y"))
-
-    def sample_columns(idx: np.ndarray) -> np.ndarray:
-        return columns.columns(idx).cpu().numpy()
-
+def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
+    num_classes = outputs.shape[1]
     if initial is None:
-        svm = multiclass_max_margin(sample_columns, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
+        svm = multiclass_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
     else:  # every pair of the given samples first (the sample-column route of multiclass_max_margin)
         pair_sample, pair_class = _pairs(y, num_classes)
         first = np.flatnonzero(np.isin(pair_sample, initial))
-        pairs = pair_max_margin(sample_columns, y, num_classes, kernel_diag=diag, tol=tol, initial=first)
+        pairs = pair_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, tol=tol, initial=first)
         svm = _pair_result(pairs, y, num_classes, pair_sample, pair_class)
-    centred = centred_gram(gram)
-    wc_norm = math.sqrt(max(float(np.trace(centred)), 0.0))
+    wc_norm = math.sqrt(max(float(np.trace(centred_gram(gram))), 0.0))
     network_margin = float(margins.min()) / wc_norm
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()
-    side_bits = scope.gates + math.ceil(math.log2(num_classes))
     return dict(
         svm=svm,
-        num_classes=num_classes,
-        n_hidden=scope.gates,
         network_margin=network_margin,
         margin_ratio=network_margin / svm.margin,
         cosine=float((svm.beta_ * centred_outputs).sum()) / (wc_norm * math.sqrt(svm.norm_v_sq))
         if svm.norm_v_sq > 0 else math.nan,
         wc_norm=wc_norm,
         gram=gram,
-        side_bits=side_bits,
-        bound=compression_bound(len(y), svm.n_support_, side_bits, delta),
     )
 
 
-def _validation(coef: Tensor, kernel: Tensor, val_outputs: Tensor, val_gates: Gates, y_val, binary: bool,
-                num_classes: int) -> dict:
-    """The SVM's decision ``f = K(x_val, x_support) · coef`` against the network's outputs on the validation set:
-    ``sign`` (``>= 0``: +1, as ``sign(0) = +1``) of one output, else ``argmax`` (first maximum on ties)."""
-    decision, val_outputs = (kernel @ coef).cpu(), val_outputs.cpu()
-    n = len(val_outputs)
-    if binary:
-        val_outputs = val_outputs.reshape(n)
-        net_pred = torch.where(val_outputs >= 0, 1.0, -1.0).to(torch.float64)
+def _validation(decision: Tensor, val_gates: Gates, y_val: Tensor | None, num_outputs: int) -> dict:
+    """The SVM's decision ``f = K(x_val, x_support) · coefficients`` against the network on the validation set:
+    ``sign`` (``>= 0``: +1, as ``sign(0) = +1``) of one output, else ``argmax`` (first maximum on ties); ``y_val``
+    already as ±1 or class indices."""
+    decision, outputs = decision.cpu(), val_gates.output.reshape(len(val_gates), num_outputs).cpu()
+    n = len(outputs)
+    if num_outputs == 1:
+        net_pred = torch.where(outputs[:, 0] >= 0, 1.0, -1.0).to(torch.float64)
         svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
         agreement = float(binary_accuracy((svm_pred > 0).long(), (net_pred > 0).long())) if n else math.nan
-        target = None if y_val is None else signed_labels(y_val).cpu()
     else:
-        net_pred, svm_pred = val_outputs.reshape(n, num_classes).argmax(1), decision.argmax(1)
-        agreement = float(multiclass_accuracy(svm_pred, net_pred, num_classes=num_classes, average="micro")) \
+        net_pred, svm_pred = outputs.argmax(1), decision.argmax(1)
+        agreement = float(multiclass_accuracy(svm_pred, net_pred, num_classes=num_outputs, average="micro")) \
             if n else math.nan
-        target = None if y_val is None else torch.from_numpy(class_labels(y_val, num_classes, n))
     result = {"unique_patterns_val": unique_patterns(val_gates), "val_agreement": agreement,
               "val_predictions": (net_pred, svm_pred)}
-    if target is not None:
-        net_wrong, svm_wrong = net_pred != target, svm_pred != target
+    if y_val is not None:
+        net_wrong, svm_wrong = net_pred != y_val, svm_pred != y_val
         result.update(val_errors_network=int(net_wrong.sum()), val_errors_svm=int(svm_wrong.sum()),
                       val_errors_both=int((net_wrong & svm_wrong).sum()))
     return result
