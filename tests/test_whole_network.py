@@ -25,7 +25,9 @@ from lightning_nsv.max_margin import NotSeparableError, max_margin
 from lightning_nsv.models.layers import mlp_sequential
 from lightning_nsv.multiclass import centred_gram, multiclass_max_margin, multiclass_support_vectors
 from lightning_nsv.support_vectors import network_support_vectors
+from lightning_nsv.models.layers import eval_mode
 from tests.pair_reference import output_phi, shared_paths
+from tests.test_pair_network import Residual, TinyResNet, randomise_bn
 
 ALPHA_TOL = 1e-10
 METRIC_TOL = 1e-10
@@ -105,7 +107,7 @@ def three_class_cnn():
 def own_labels(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Labels the module classifies without error: sign of one output (0/1), else argmax."""
     with torch.no_grad():
-        out = module(x)
+        out = module(x).reshape(len(x), -1)
     return (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(1)
 
 
@@ -223,27 +225,59 @@ def test_cnn_binary_equals_dense_solve_and_enumerated_kernel(binary_cnn):
     assert 0 < analysis.unique_patterns_val <= len(xv)
 
 
-def test_cnn_norm_cosine_and_margins_against_materialised_paths():
-    """``||wbar||²``, cosine(wbar, v) and the margins from phi and wbar of every path (DESIGN.md §2c)."""
+def materialised(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``phi`` (n, P) and ``wbar`` (P, K) of every path (the path space shared by the outputs of a last Linear)."""
+    with eval_mode(module):
+        graph = trace(module, x)
+    if graph.num_outputs == 1:
+        phi, wbar = output_phi(graph, x, 0)
+        return phi, wbar[:, None]
+    return shared_paths(graph, x, next(name for name, rule in graph.rules.items() if isinstance(rule, Linear)))
+
+
+NETWORKS = {  # name: (module maker, outputs)
+    "conv_maxpool_conv": (lambda: tiny_cnn(), 1),
+    "residual_bn_dropout_constants": (lambda: randomise_bn(Residual()).train(), 1),
+    "tiny_resnet_3_classes": (lambda: randomise_bn(TinyResNet()), 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_norm_cosine_and_margins_against_materialised_paths(name):
+    """``||wbar||²`` (or the output Gram), cosine(wbar, v) and the margins from phi and wbar of every path (DESIGN.md
+    §2c), on networks with fixed constants (in phi: weight 1 in wbar), BatchNorm, dropout and a module in training
+    mode."""
     torch.manual_seed(5)
-    module = tiny_cnn()
-    x = digits([3, 8], 40)[0]
-    y = own_labels(module, x)
+    make, outputs = NETWORKS[name]
+    module = make()
+    x = digits([3, 8], 30)[0]
+    with eval_mode(module):
+        y = own_labels(module, x)
     analysis = whole_network_support_vectors(module, x, y)
-    graph = trace(module, x)
-    phi, wbar = output_phi(graph, x, 0)
-    with torch.no_grad():
-        assert relative(phi @ wbar, module.double()(x.double())[:, 0]) < 1e-12
-    module.float()
-    assert close(analysis.wbar_norm ** 2, float(wbar @ wbar), 1e-12)
-    signs = torch.where(y > 0, 1.0, -1.0).double()
-    v = phi.T @ (torch.from_numpy(analysis.svm.alpha_) * signs)
-    cosine = float(wbar @ v) / float(wbar.norm() * v.norm())
-    network_margin = float((signs * (phi @ wbar)).min()) / float(wbar.norm())
-    assert close(analysis.cosine, cosine, 1e-10)
+    phi, wbar = materialised(module, x)
+    with torch.no_grad(), eval_mode(module):
+        out = copy.deepcopy(module).double()(x.double()).reshape(len(x), outputs)
+    assert relative(phi @ wbar, out) < 1e-12
+    if outputs == 1:
+        signs = torch.where(y > 0, 1.0, -1.0).double()
+        w = wbar[:, 0]
+        v = phi.T @ (torch.from_numpy(analysis.svm.alpha_) * signs)
+        assert close(analysis.wbar_norm ** 2, float(w @ w), 1e-12)
+        network_margin = float((signs * (phi @ w)).min()) / float(w.norm())
+        assert float((signs * (phi @ v)).min()) == pytest.approx(1.0, abs=1e-9)  # v is the max-margin direction
+    else:
+        w = wbar - wbar.mean(1, keepdim=True)  # Wc
+        v = phi.T @ torch.from_numpy(analysis.svm.beta_)
+        assert relative(wbar.T @ wbar, analysis.gram) < 1e-12
+        assert close(analysis.wc_norm, float(w.norm()), 1e-12)
+        scores = phi @ wbar
+        margins = scores.gather(1, y[:, None]) - scores
+        margins[torch.arange(len(y)), y] = math.inf
+        network_margin = float(margins.min()) / float(w.norm())
+    assert close(analysis.cosine, float((w * v).sum() / (w.norm() * v.norm())), 1e-10)
     assert close(analysis.network_margin, network_margin, 1e-10)
     assert close(analysis.margin_ratio, network_margin * float(v.norm()), 1e-10)
-    assert float((signs * (phi @ v)).min()) == pytest.approx(1.0, abs=1e-9)  # v is the max-margin direction
+    assert close(analysis.svm.norm_v_sq, float(v @ v) if v.dim() == 1 else float((v * v).sum()), 1e-10)
 
 
 def test_cnn_three_classes_equals_dense_solve_and_materialised_paths(three_class_cnn):
@@ -439,3 +473,14 @@ def test_refuses_bad_options(binary_cnn):
     with pytest.raises(ValueError, match="delta"):
         whole_network_support_vectors(module, x, y, delta=1.5)
     assert whole_network_support_vectors(module, x[:30], y[:30], num_classes=2).m == 30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_module_gives_the_cpu_answer(binary_cnn, three_class_cnn):
+    for module, x, y, xv, yv in (binary_cnn, three_class_cnn):
+        cpu = whole_network_support_vectors(module, x, y, xv, yv)
+        gpu_module = copy.deepcopy(module).cuda()
+        gpu = whole_network_support_vectors(gpu_module, x.cuda(), y.cuda(), xv.cuda(), yv.cuda())
+        np.testing.assert_array_equal(gpu.svm.support_, cpu.svm.support_)
+        assert relative(gpu.svm.alpha_, cpu.svm.alpha_) < 1e-9
+        assert close(gpu.cosine, cpu.cosine, 1e-9) and gpu.val_agreement == cpu.val_agreement
