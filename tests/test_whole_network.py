@@ -337,6 +337,8 @@ def test_scope_in_report_and_metrics(binary_cnn):
             metrics["scope_gates"]) == (3.0, 2.0, 1.0, 192.0)
     assert analysis.n_hidden == 192 and not any(k.startswith("path_") for k in metrics)
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+    head = whole_network_support_vectors(module, x, y, scope_name="layers after the trunk")
+    assert head.report().startswith("path kernel of the layers after the trunk: 3 maps")
 
 
 def test_module_unchanged():

@@ -211,6 +211,7 @@ def whole_network_support_vectors(
     solver: str = "auto",
     block_bytes: int = MEMORY_BYTES,
     tol: float = 1e-10,
+    scope_name: str = "whole network",
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -255,6 +256,8 @@ def whole_network_support_vectors(
             CUDA, numpy on the CPU); the K-class solver runs in numpy.
         block_bytes: float64 values alive at once in one block of the pair network (a larger one on a GPU).
         tol: optimality tolerance of the solver.
+        scope_name: what ``module`` is, for the scope line (e.g. ``"layers after the trunk `features`"`` when the
+            inputs are a fixed embedding's outputs).
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
@@ -304,7 +307,7 @@ def whole_network_support_vectors(
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
     budgeted = BudgetedColumns(columns, parts["total"], budget)
     diag = columns.diagonal().cpu().numpy()
-    scope = scope_summary(graph)
+    scope = scope_summary(graph, scope_name)
     if binary:
         analysis = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
         side_bits = scope.gates
