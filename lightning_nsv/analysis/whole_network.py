@@ -290,9 +290,11 @@ def whole_network_support_vectors(
         kind = "1 output (binary: 2 classes)" if num_outputs == 1 else f"{num_outputs} outputs"
         raise ValueError(f"num_classes={num_classes}, but the network has {kind}")
     binary = num_outputs == 1
-    y = signed_labels(y_train) if binary else torch.from_numpy(class_labels(y_train, num_outputs, m))
+    # labels on the CPU, with the outputs (the solvers and the summaries run there)
+    y = signed_labels(y_train).cpu() if binary else torch.from_numpy(class_labels(y_train, num_outputs, m))
     if y_val is not None:
-        y_val = signed_labels(y_val) if binary else torch.from_numpy(class_labels(y_val, num_outputs, len(x_val)))
+        y_val = signed_labels(y_val).cpu() if binary else \
+            torch.from_numpy(class_labels(y_val, num_outputs, len(x_val)))
     if initial is not None:
         initial = sample_indices(initial)
         if len(initial) and (initial.min() < 0 or initial.max() >= m):
