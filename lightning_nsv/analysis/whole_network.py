@@ -1,0 +1,415 @@
+"""Network support vectors of a whole piecewise-linear network (DESIGN.md §2, §2b, §2c; issue 32).
+
+:func:`whole_network_support_vectors` runs the analysis of
+:func:`~lightning_nsv.support_vectors.network_support_vectors` (one output) or
+:func:`~lightning_nsv.multiclass.multiclass_support_vectors` (``K >= 2`` outputs) on the path kernel of the *whole*
+traced module (convolutions, pooling, BatchNorm in eval, residual sums: :mod:`lightning_nsv.kernel`), not only on a
+Linear/Leaky-ReLU head after a fixed embedding. The results are the existing result classes with the scope of the
+kernel added (:class:`WholeNetworkAnalysis`, :class:`WholeNetworkMulticlassAnalysis`). Memory:
+:mod:`lightning_nsv.analysis.whole_network_memory`. Nothing here imports Lightning.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
+
+from lightning_nsv.errors import NonFiniteError
+from lightning_nsv.kernel import (
+    Gates,
+    PairNetworkColumns,
+    PiecewiseGraph,
+    ScopeSummary,
+    compute_gates,
+    output_gram,
+    path_norm_squared,
+    scope_summary,
+    trace,
+    unique_patterns,
+)
+from lightning_nsv.kernel.pair_network import MEMORY_BYTES
+from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
+from lightning_nsv.max_margin import NotSeparableError, max_margin, pair_max_margin, sample_indices
+from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.multiclass import (
+    MulticlassSupportVectorAnalysis,
+    _pair_result,
+    _pairs,
+    centred_gram,
+    class_labels,
+    multiclass_max_margin,
+    pair_margins,
+)
+from lightning_nsv.support_vectors import (
+    INITIAL_MARGINS,
+    SOLVERS,
+    SupportVectorAnalysis,
+    _check_finite_samples,
+    check_samples,
+    compression_bound,
+    signed_labels,
+    solver_backend_device,
+)
+
+__all__ = ["SignsNotComputed", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "memory_estimate",
+           "whole_network_support_vectors"]
+
+# validation samples whose kernel against the support is formed at once (see _cross_kernel)
+VALIDATION_CHUNK = 2048
+
+
+class SignsNotComputed:
+    """Stands in for :class:`~lightning_nsv.path_space.PathSigns` where the signs of ``wbar`` are not computed (the
+    sign DP over layers of DESIGN.md §2 is written for Linear chains only): no metrics, falsy."""
+
+    def to_metrics(self) -> dict[str, float]:
+        return {}
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "not computed"
+
+
+NOT_COMPUTED = SignsNotComputed()
+
+
+class _Scoped:
+    """The scope of the kernel as the first line of the report and as numbers among the metrics."""
+
+    scope: str
+    scope_counts: ScopeSummary | None
+
+    def to_metrics(self) -> dict[str, float]:
+        metrics = super().to_metrics()
+        if self.scope_counts is not None:
+            counts = self.scope_counts
+            metrics.update(scope_maps=float(counts.maps), scope_gate_layers=float(counts.gate_layers),
+                           scope_max_pools=float(counts.max_pools), scope_gates=float(counts.gates))
+        return metrics
+
+    def report(self) -> str:
+        return f"path kernel of the {self.scope}\n{super().report()}"
+
+
+@dataclass(frozen=True)
+class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
+    """:class:`~lightning_nsv.support_vectors.SupportVectorAnalysis` of a whole network with one output.
+
+    Extra attributes:
+        scope: :func:`~lightning_nsv.kernel.scope_summary` as text ("whole network: 5 maps, 4 gate layers, …").
+        scope_counts: the same as numbers (``to_metrics()``: ``scope_maps``, ``scope_gate_layers``,
+            ``scope_max_pools``, ``scope_gates``).
+        signs: :data:`NOT_COMPUTED` (a :class:`SignsNotComputed`; its metrics are left out).
+        n_hidden: gate units plus max-pool selections per sample (``scope_gates``).
+    """
+
+    signs: object = NOT_COMPUTED
+    scope: str = ""
+    scope_counts: ScopeSummary | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
+    """:class:`~lightning_nsv.multiclass.MulticlassSupportVectorAnalysis` of a whole network with ``K >= 2``
+    outputs (exact pair problem); ``scope``, ``scope_counts`` and ``n_hidden`` as :class:`WholeNetworkAnalysis`."""
+
+    scope: str = ""
+    scope_counts: ScopeSummary | None = field(default=None, repr=False)
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+
+
+def _check_finite_module(module: nn.Module) -> None:
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, t in named:
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                what = "NaN" if bool(torch.isnan(t).any()) else "inf"
+                raise NonFiniteError(f"{kind} {name} holds {what}: the network has diverged (lower the learning rate "
+                                     "or clip gradients); no support-vector analysis of non-finite weights")
+
+
+def _not_separable(x: Tensor, labels: Tensor, wrong: Tensor, on_boundary: Tensor, requirement: str) -> str:
+    """Why Assumption 1 fails: the count, the first indices, and a pair of equal inputs with different labels."""
+    first = torch.nonzero(wrong).reshape(-1)[:10].tolist()
+    message = (f"the network misclassifies {int(wrong.sum())} of {len(labels)} training samples (first: "
+               f"{', '.join(map(str, first))}{', …' if int(wrong.sum()) > len(first) else ''}; "
+               f"{int((wrong & on_boundary).sum())} of them on the boundary, e.g. all units of a layer inactive): the "
+               f"support-vector analysis needs {requirement} on every training sample (Assumption 1); a tie counts as "
+               "an error")
+    _, inverse = torch.unique(x.reshape(len(x), -1).cpu(), dim=0, return_inverse=True)
+    seen: dict[int, tuple[int, float]] = {}
+    for i, (group, label) in enumerate(zip(inverse.tolist(), labels.tolist())):
+        other = seen.setdefault(group, (i, label))
+        if other[1] != label:
+            return (f"samples {other[0]} and {i} have the same input and different labels: no classifier separates "
+                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
+    return message
+
+
+def _slice_gates(gates: Gates, idx: Tensor) -> Gates:
+    return Gates(gates.output[idx], {k: v[idx] for k, v in gates.bits.items()},
+                 {k: v[idx] for k, v in gates.selections.items()})
+
+
+def _cat_gates(first: Gates, second: Gates) -> Gates:
+    return Gates(torch.cat([first.output, second.output]),
+                 {k: torch.cat([v, second.bits[k]]) for k, v in first.bits.items()},
+                 {k: torch.cat([v, second.selections[k]]) for k, v in first.selections.items()})
+
+
+def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates, x_val: Tensor, gates_val: Gates,
+                  block_bytes: int) -> Tensor:
+    """``K(x_val, x_support)``, ``(n, s)`` float64 on the graph's device, from a :class:`PairNetworkColumns` over the
+    support followed by a chunk of ``c`` validation samples (memory ``8·(s + c)·(f + s)`` bytes plus their gates):
+    the pair network on the ``c×s`` pairs only, or for a Linear chain the first ``s`` columns by §1's GEMMs."""
+    s = len(x_support)
+    parts = []
+    for lo in range(0, len(x_val), VALIDATION_CHUNK):
+        idx = torch.arange(lo, min(len(x_val), lo + VALIDATION_CHUNK), device=graph.device)
+        both = torch.cat([x_support.to(graph.device, torch.float64),
+                          x_val[lo:lo + len(idx)].to(graph.device, torch.float64)])
+        columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
+                                     memory_bytes=block_bytes)
+        if graph.chain is not None:
+            parts.append(columns.columns(torch.arange(s))[s:])
+            continue
+        part = torch.empty(len(idx), s, dtype=torch.float64, device=graph.device)
+        width = max(1, min(s, columns.pairs_per_block))
+        rows = max(1, columns.pairs_per_block // width)
+        for j0 in range(0, s, width):
+            cols = torch.arange(j0, min(s, j0 + width), device=graph.device)
+            for i0 in range(0, len(idx), rows):
+                left = torch.arange(s + i0, s + min(len(idx), i0 + rows), device=graph.device)
+                part[i0:i0 + len(left), j0:j0 + len(cols)] = columns.pairs(left, cols, outer=True).view(
+                    len(left), len(cols))
+        parts.append(part)
+    return torch.cat(parts) if parts else torch.zeros(0, s, dtype=torch.float64, device=graph.device)
+
+
+# ---------------------------------------------------------------------------------------------------- analysis
+
+
+def whole_network_support_vectors(
+    module: nn.Module,
+    x_train: Tensor,
+    y_train: Tensor | np.ndarray | Sequence[int],
+    x_val: Tensor | None = None,
+    y_val: Tensor | np.ndarray | Sequence[int] | None = None,
+    *,
+    num_classes: int | None = None,
+    delta: float = 0.05,
+    initial: Sequence[int] | np.ndarray | Tensor | None = None,
+    memory_bytes: int | None = None,
+    solver: str = "auto",
+    block_bytes: int = MEMORY_BYTES,
+    tol: float = 1e-10,
+    scope_name: str = "whole network",
+) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
+    """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
+
+    The module is traced in eval mode (its mode, dtype, device and weights are left as they were) into the operation
+    table of DESIGN.md §2c; its gates (Leaky-ReLU-family slopes and max-pool selections) come from one float64
+    forward. One output: the binary analysis of DESIGN.md §2 (labels 0/1 or ±1), as
+    :func:`~lightning_nsv.support_vectors.network_support_vectors` with ``kernel="columns"``; ``K >= 2`` outputs: the
+    exact multi-class pair problem of §2b (labels ``0..K−1``), as
+    :func:`~lightning_nsv.multiclass.multiclass_support_vectors` with ``method="exact"``. On a plain Linear/Leaky-ReLU
+    chain both give the same support, α and metrics as those functions (the kernel takes §1's factorised form).
+
+    Differences from the head-only analyses: ``n_hidden`` (the bits of side information per support vector in the
+    compression bound) counts every gate unit *and every max-pool selection* of the whole network (``scope_gates``):
+    a max pool's choice is part of the activation pattern that a compression set must carry (strictly a selection
+    among ``k`` window units takes ``log2 k`` bits; one bit each is what the bound uses). The signs of ``wbar`` are not
+    computed (``signs`` is :data:`NOT_COMPUTED`, no ``path_*`` metrics). Unique patterns count every slope bit and
+    max-pool selection.
+
+    Cost: the trace and gates, one float64 forward (``m·scope_gates`` bytes of bits, ``4`` bytes per selection);
+    kernel columns by the pair network only for samples that enter the solver's free set (``8·m`` bytes each; on a
+    small CNN on 8×8 inputs about 5–12 ms a column at ``m = 1,000``, one CPU thread), and the diagonal (``m``
+    pair-network evaluations). Validation: the gates of ``x_val`` and the kernel between validation samples and the
+    ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
+    validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` = :data:`VALIDATION_CHUNK`). What is allocated before the
+    solve (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available before it is
+    allocated, and the solver's kernel columns (``8·m`` bytes per sample asked for) against the same budget before
+    each is formed: a refusal names the numbers.
+
+    Args:
+        module: takes a batch of inputs ``(n, *input_shape)`` and returns ``(n,)``, ``(n, 1)`` or ``(n, K)`` logits;
+            built from the operations of DESIGN.md §2c.
+        x_train, y_train: training inputs in the module's input shape (images stay ``(C, H, W)``) and labels.
+        x_val, y_val: optional held-out samples (``y_val`` optional too) for agreement, errors and pattern counts.
+        num_classes: ``None`` (from the output: 1 → binary, ``K``); if given it must be 2 for one output, else ``K``.
+        delta: confidence of the compression bound.
+        initial: sample indices to try first as support vectors (a warm start: admitted whole; for ``K`` outputs all
+            their pairs); default: the ``4·⌊√m⌋`` smallest network margins ``y·N(x)`` (binary), the
+            ``⌊√(m(K−1))⌋`` smallest pair margins (K-class). The solution does not depend on it.
+        memory_bytes: budget in bytes for what :func:`memory_estimate` counts and the kernel columns the solver
+            forms (``None``: the memory available at the start only); checked before each allocation.
+        solver: where the binary active-set solver runs, as in ``network_support_vectors`` (``"auto"``: torch on
+            CUDA, numpy on the CPU); the K-class solver runs in numpy.
+        block_bytes: float64 values alive at once in one block of the pair network (a larger one on a GPU).
+        tol: optimality tolerance of the solver.
+        scope_name: what ``module`` is, for the scope line (e.g. ``"layers after the trunk `features`"`` when the
+            inputs are a fixed embedding's outputs).
+
+    Raises:
+        NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
+        NonFiniteError: when parameters, buffers, inputs or outputs hold NaN or inf.
+        NotSeparableError: when the network misclassifies a training sample (Assumption 1), naming how many and
+            the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
+        ValueError: on labels, options, or memory that does not suffice.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
+    check_samples(x_train, x_val)
+    if y_val is not None and x_val is None:
+        raise ValueError("y_val without x_val: pass the validation inputs too")
+    m = len(x_train)
+    if len(y_train) != m:
+        raise ValueError(f"x_train has {m} samples and y_train {len(y_train)}")
+    _check_finite_module(module)
+    _check_finite_samples(x_train.reshape(m, -1), "training inputs")
+    if x_val is not None:
+        _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
+        if y_val is not None and len(y_val) != len(x_val):
+            raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
+
+    with eval_mode(module):
+        graph = trace(module, x_train[:8])
+    num_outputs = graph.num_outputs
+    if num_classes is not None and num_classes != (2 if num_outputs == 1 else num_outputs):
+        kind = "1 output (binary: 2 classes)" if num_outputs == 1 else f"{num_outputs} outputs"
+        raise ValueError(f"num_classes={num_classes}, but the network has {kind}")
+    binary = num_outputs == 1
+    # labels on the CPU, with the outputs (the solvers and the summaries run there)
+    y = signed_labels(y_train).cpu() if binary else torch.from_numpy(class_labels(y_train, num_outputs, m))
+    if y_val is not None:
+        y_val = signed_labels(y_val).cpu() if binary else \
+            torch.from_numpy(class_labels(y_val, num_outputs, len(x_val)))
+    if initial is not None:
+        initial = sample_indices(initial)
+        if len(initial) and (initial.min() < 0 or initial.max() >= m):
+            raise ValueError(f"`initial` holds indices outside [0, {m})")
+    parts = memory_estimate(graph, m, 0 if x_val is None else len(x_val), block_bytes)
+    budget = memory_budget(parts, memory_bytes, graph.device)
+    gram = None if binary else output_gram(graph).to(torch.float64).numpy()  # needs a last Linear: before the solve
+
+    gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
+    outputs = gates.output.reshape(m, num_outputs).cpu()
+    margins = _check_zero_error(x_train, y, outputs, binary)
+    columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
+    budgeted = BudgetedColumns(columns, parts["total"], budget)
+    diag = columns.diagonal().cpu().numpy()
+    scope = scope_summary(graph, scope_name)
+    if binary:
+        analysis = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
+        side_bits = scope.gates
+    else:
+        side_bits = scope.gates + math.ceil(math.log2(num_outputs))
+        analysis = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
+        analysis.update(num_classes=num_outputs, side_bits=side_bits)
+    svm = analysis["svm"]
+    analysis.update(m=m, n_hidden=scope.gates, unique_patterns_train=unique_patterns(gates), delta=delta,
+                    bound=compression_bound(m, svm.n_support_, side_bits, delta), scope=str(scope),
+                    scope_counts=scope)
+    if x_val is not None:
+        val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
+        support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
+        kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes)
+        coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
+            torch.from_numpy(svm.beta_[svm.support_])
+        analysis.update(_validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, num_outputs))
+    return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
+
+
+def _check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
+    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
+    refuses unless every one is positive (Assumption 1)."""
+    if binary:
+        margins = (y * outputs[:, 0]).numpy()
+        wrong, boundary, requirement = margins <= 0, margins == 0, "y·N(x) > 0"
+    else:
+        margins = pair_margins(outputs, y.numpy())
+        wrong, boundary = margins.min(1) <= 0, margins.min(1) == 0
+        requirement = "N_y(x) − N_k(x) > 0 for every k ≠ y"
+    if wrong.any():
+        raise NotSeparableError(_not_separable(x, y, torch.from_numpy(wrong), torch.from_numpy(boundary), requirement))
+    return margins
+
+
+def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:
+    m = len(y)
+    initial_block = None  # a guess from the margins is admitted ⌊√m⌋ at a time, a given support whole
+    if initial is None:
+        initial = np.sort(np.argsort(margins, kind="stable")[: INITIAL_MARGINS * int(math.sqrt(m))])
+    else:
+        initial_block = max(1, len(initial))
+    device = solver_backend_device(solver, graph.device)
+    svm = max_margin(columns, y, kernel_diag=diag, initial=initial, initial_block=initial_block, device=device,
+                     tol=tol)
+    wbar_norm = math.sqrt(path_norm_squared(graph))
+    network_margin = float(margins.min()) / wbar_norm
+    return dict(
+        svm=svm,
+        network_margin=network_margin,
+        margin_ratio=network_margin / svm.margin,
+        cosine=float((torch.from_numpy(svm.alpha_) * y * outputs).sum()) / (wbar_norm * math.sqrt(svm.norm_v_sq)),
+        wbar_norm=wbar_norm,
+        solver_backend=svm.method if svm.method != "active-set" else (
+            "numpy" if device is None else f"torch ({device})"),
+    )
+
+
+def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
+    num_classes = outputs.shape[1]
+    if initial is None:
+        svm = multiclass_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
+    else:  # every pair of the given samples first (the sample-column route of multiclass_max_margin)
+        pair_sample, pair_class = _pairs(y, num_classes)
+        first = np.flatnonzero(np.isin(pair_sample, initial))
+        pairs = pair_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, tol=tol, initial=first)
+        svm = _pair_result(pairs, y, num_classes, pair_sample, pair_class)
+    wc_norm = math.sqrt(max(float(np.trace(centred_gram(gram))), 0.0))
+    network_margin = float(margins.min()) / wc_norm
+    centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()
+    return dict(
+        svm=svm,
+        network_margin=network_margin,
+        margin_ratio=network_margin / svm.margin,
+        cosine=float((svm.beta_ * centred_outputs).sum()) / (wc_norm * math.sqrt(svm.norm_v_sq))
+        if svm.norm_v_sq > 0 else math.nan,
+        wc_norm=wc_norm,
+        gram=gram,
+    )
+
+
+def _validation(decision: Tensor, val_gates: Gates, y_val: Tensor | None, num_outputs: int) -> dict:
+    """The SVM's decision ``f = K(x_val, x_support) · coefficients`` against the network on the validation set:
+    ``sign`` (``>= 0``: +1, as ``sign(0) = +1``) of one output, else ``argmax`` (first maximum on ties); ``y_val``
+    already as ±1 or class indices."""
+    decision, outputs = decision.cpu(), val_gates.output.reshape(len(val_gates), num_outputs).cpu()
+    n = len(outputs)
+    if num_outputs == 1:
+        net_pred = torch.where(outputs[:, 0] >= 0, 1.0, -1.0).to(torch.float64)
+        svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
+        agreement = float(binary_accuracy((svm_pred > 0).long(), (net_pred > 0).long())) if n else math.nan
+    else:
+        net_pred, svm_pred = outputs.argmax(1), decision.argmax(1)
+        agreement = float(multiclass_accuracy(svm_pred, net_pred, num_classes=num_outputs, average="micro")) \
+            if n else math.nan
+    result = {"unique_patterns_val": unique_patterns(val_gates), "val_agreement": agreement,
+              "val_predictions": (net_pred, svm_pred)}
+    if y_val is not None:
+        net_wrong, svm_wrong = net_pred != y_val, svm_pred != y_val
+        result.update(val_errors_network=int(net_wrong.sum()), val_errors_svm=int(svm_wrong.sum()),
+                      val_errors_both=int((net_wrong & svm_wrong).sum()))
+    return result
