@@ -178,9 +178,9 @@ def plot(rows: Sequence[dict[str, Any]], curves: dict[tuple[str, str], list[floa
         for shift, key in ((-0.2, "train_acc"), (0.2, "test_acc")):
             bars = ax_acc.bar(x + shift, [100 * r[key] for r in case_rows], width=0.4, label=key.replace("_acc", ""))
             ax_acc.bar_label(bars, fmt="%.1f", fontsize=8)
-        ax_acc.set_xticks(x, [f"{r['mode']}\nescape path: {r['escape_verdict']}" for r in case_rows], fontsize=8)
-        ax_acc.set(ylabel="accuracy (%)", ylim=(0, 110), title=f"{case}: accuracy after training")
-        ax_acc.legend(loc="upper left")
+        ax_acc.set_xticks(x, [f"{r['mode']}\nescape path:\n{r['escape_verdict']}" for r in case_rows], fontsize=8)
+        ax_acc.set(ylabel="accuracy (%)", ylim=(0, 125), title=f"{case}: accuracy after training")
+        ax_acc.legend(loc="upper center", ncols=2)
     return fig
 
 
