@@ -197,12 +197,13 @@ def test_skip_networks_example_quick(tmp_path):
     spec = importlib.util.spec_from_file_location("skip_networks_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    rows = example.main(["--quick", "--threads", "0", "--out", str(tmp_path)])  # 0: leave torch threads alone
+    # 0: leave torch threads alone; the full_rank case is tests/test_skip_demo.py's
+    rows = example.main(["--quick", "--cases", "deep", "--threads", "0", "--out", str(tmp_path)])
     assert [r["mode"] for r in rows] == ["original", "skip_rand", "skip_sgd"]
     assert rows[1]["train_acc"] == 1.0 and rows[0]["train_acc"] < 0.5  # convex skip_rand fits, the deep net not
-    assert (tmp_path / "skip_networks.csv").read_text().startswith("mode,optimizer,epochs,N,M,psi_rank")
+    assert (tmp_path / "skip_networks.csv").read_text().startswith("case,mode,optimizer,epochs,N,M,")
     assert (tmp_path / "skip_networks.png").stat().st_size > 0
-    for run in ("original", "skip_rand", "skip_sgd", "summary"):
+    for run in ("deep-original", "deep-skip_rand", "deep-skip_sgd", "summary"):
         assert list((tmp_path / "tensorboard" / run).glob("events.out.tfevents.*"))
 
 
