@@ -308,7 +308,7 @@ def whole_network_support_vectors(
     margins = _check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
     budgeted = BudgetedColumns(columns, parts["total"], budget)
-    diag = columns.diagonal().cpu().numpy()
+    diag = budgeted.diagonal()
     scope = scope_summary(graph, scope_name)
     if binary:
         analysis = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
@@ -372,11 +372,11 @@ def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> 
 def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
     num_classes = outputs.shape[1]
     if initial is None:
-        svm = multiclass_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
+        svm = multiclass_max_margin(columns, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
     else:  # every pair of the given samples first (the sample-column route of multiclass_max_margin)
         pair_sample, pair_class = _pairs(y, num_classes)
         first = np.flatnonzero(np.isin(pair_sample, initial))
-        pairs = pair_max_margin(columns.numpy, y, num_classes, kernel_diag=diag, tol=tol, initial=first)
+        pairs = pair_max_margin(columns, y, num_classes, kernel_diag=diag, tol=tol, initial=first)
         svm = _pair_result(pairs, y, num_classes, pair_sample, pair_class)
     wc_norm = math.sqrt(max(float(np.trace(centred_gram(gram))), 0.0))
     network_margin = float(margins.min()) / wc_norm

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
+from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 from lightning_nsv.support_vectors import available_memory_bytes
 
 __all__ = ["BudgetedColumns", "memory_budget", "memory_estimate"]
@@ -65,12 +66,14 @@ def memory_budget(parts: dict[str, int], memory_bytes: int | None, device: torch
     return min(limits) if limits else None
 
 
-class BudgetedColumns:
-    """The kernel columns of a :class:`PairNetworkColumns` for the solvers, refused (``ValueError`` with the numbers)
-    before the columns of the distinct samples asked for so far (``8·m`` bytes each) and the memory allocated before
-    the solve (``fixed``) would exceed the budget. Blocks among candidates (``signed_block``) are not counted."""
+class BudgetedColumns(KernelColumns):
+    """The kernel columns of a :class:`PairNetworkColumns` for the solvers (the
+    :class:`~lightning_nsv.solver.protocol.KernelColumns` protocol: float64 numpy columns and diagonal, signed rows
+    on the graph's device for the torch solver), refused (``ValueError`` with the numbers) before the columns of the
+    distinct samples asked for so far (``8·m`` bytes each) and the memory allocated before the solve (``fixed``)
+    would exceed the budget. Blocks among candidates (``signed_block``) are not counted."""
 
-    dtype = torch.float64
+    offers_block = True  # Q[idx, idx] by the pair network on idx × idx only
 
     def __init__(self, columns: PairNetworkColumns, fixed: int, budget: tuple[int, str] | None) -> None:
         self.inner, self.fixed, self.budget = columns, fixed, budget
@@ -92,11 +95,13 @@ class BudgetedColumns:
     def __len__(self) -> int:
         return len(self.inner)
 
-    def __call__(self, idx) -> Tensor:
-        self._admit(idx)
-        return self.inner.columns(idx)
+    dtype = property(lambda self: torch.float64, doc="float64")
+    device = property(lambda self: self.inner.device, doc="the traced graph's device")
 
-    def numpy(self, idx) -> np.ndarray:
+    def diagonal(self) -> np.ndarray:
+        return self.inner.diagonal().cpu().numpy()
+
+    def columns(self, idx) -> np.ndarray:
         """``K[:, idx]`` as float64 numpy (the sample columns of the K-class solver)."""
         self._admit(idx)
         return self.inner.columns(idx).cpu().numpy()
@@ -107,3 +112,8 @@ class BudgetedColumns:
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
         return self.inner.signed_block(idx, signs, scale)
+
+    def signed_rows(self, idx, signs, scale: float) -> Tensor:
+        """``Q[:, idx]ᵀ`` on the graph's device (the torch solver's columns, no round trip through numpy)."""
+        self._admit(idx)
+        return signed_rows(self.inner.columns(idx), signs, idx, scale)

@@ -250,8 +250,10 @@ def _norm(graph: PiecewiseGraph, capture: str | None = None) -> Tensor:
 
 
 def path_norm_squared(graph: PiecewiseGraph) -> float:
-    """``||wbar||²`` (DESIGN.md §2c): the network with every weight and fixed constant squared, gates 1, shifts
-    ``b²``, run on ones. One output only (see :func:`output_gram` for ``K``)."""
+    """``||wbar||²`` (DESIGN.md §2c): the network with every weight squared, gates 1, shifts ``b²``, run on ones;
+    a fixed map (average pool, mean, ``c·x``) passes with coefficient 1 on each of its edges, since its constants
+    are in ``phi``, not in ``wbar`` (§2c's sentence "every fixed constant squared" is wrong; the enumeration tests
+    confirm this). One output only (see :func:`output_gram` for ``K``)."""
     if graph.num_outputs != 1:
         raise ValueError(f"path_norm_squared needs 1 output, the network has {graph.num_outputs}: use output_gram")
     return float(_norm(graph).reshape(-1)[0])

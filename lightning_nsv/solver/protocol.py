@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 __all__ = ["CallableColumns", "DenseColumns", "DenseTensorColumns", "KernelColumns", "as_kernel_columns",
-           "finite_columns", "signed"]
+           "finite_columns", "signed", "signed_rows"]
 
 ColumnFunction = Callable[[np.ndarray], "np.ndarray | torch.Tensor"]
 
@@ -152,7 +152,7 @@ class DenseTensorColumns(_GivenDiagonal):
 
     def signed_rows(self, idx: np.ndarray, signs: np.ndarray, scale: float) -> torch.Tensor:
         rows = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=self.device)
-        return _signed_rows(self.dense[rows].T, signs, idx, scale)
+        return signed_rows(self.dense[rows].T, signs, idx, scale)
 
 
 class CallableColumns(_GivenDiagonal):
@@ -171,10 +171,10 @@ class CallableColumns(_GivenDiagonal):
     def signed_rows(self, idx: np.ndarray, signs: np.ndarray, scale: float) -> torch.Tensor:
         cols = self.function(idx)
         cols = cols if isinstance(cols, torch.Tensor) else torch.from_numpy(finite_columns(cols))
-        return _signed_rows(cols.to(torch.float64), signs, idx, scale)
+        return signed_rows(cols.to(torch.float64), signs, idx, scale)
 
 
-def _signed_rows(cols: torch.Tensor, signs: np.ndarray, idx: np.ndarray, scale: float) -> torch.Tensor:
+def signed_rows(cols: torch.Tensor, signs: np.ndarray, idx: np.ndarray, scale: float) -> torch.Tensor:
     """``(s sᵀ ∘ cols) / scale`` transposed, for float64 columns ``cols = K[:, idx]`` on any device; raises, naming
     the sample, on a non-finite entry."""
     if not bool(torch.isfinite(cols).all()):
