@@ -12,11 +12,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_nsv.analysis.result import AnalysisResult
+
 EPS64 = torch.finfo(torch.float64).eps
 
 
 @dataclass(frozen=True)
-class PsiSpectrum:
+class PsiSpectrum(AnalysisResult):
     """Extreme singular values of Ψ (float64, descending) and its numerical rank.
 
     ``top`` and ``bottom`` hold the largest and the smallest of the min(N, M) singular values (all of them,
@@ -70,6 +72,10 @@ class PsiSpectrum:
     def summary(self) -> str:
         """One line: shape, rank, σ_min, condition number and whether rank Ψ = N holds."""
         return spectrum_summary(self.to_metrics())
+
+    def report(self) -> str:
+        """:meth:`summary`."""
+        return self.summary()
 
     def plot(self, ax: Any = None) -> tuple[Any, Any]:
         """Singular values (all, or the top-k and bottom-k) on a log scale with the tolerance; ``(fig, ax)``

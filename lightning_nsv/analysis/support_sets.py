@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from lightning_nsv.analysis.result import AnalysisResult
 from lightning_nsv.artifacts import ArtifactMismatchError, SupportVectorArtifact, load_support_vectors
 from lightning_nsv.atomic import write_text
 
@@ -44,7 +45,7 @@ class ImagesUnavailable(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class SupportSetComparison:
+class SupportSetComparison(AnalysisResult):
     """Support sets of k runs on one training set of m samples.
 
     Samples are in the order of their dataset indices (``train_indices``, sorted); where the files record no

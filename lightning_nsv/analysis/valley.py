@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_nsv.analysis.psi import as_matrix64
+from lightning_nsv.analysis.result import AnalysisResult
 
 LOG2 = math.log(2.0)
 #: Assumption 3.1.1: real analytic and strictly increasing.
@@ -38,7 +39,7 @@ _WHY_NOT_ANALYTIC = {
 
 # ------------------------------------------------------------------------------------------------ Lemma 2.1
 @dataclass(frozen=True)
-class Lemma21Certificate:
+class Lemma21Certificate(AnalysisResult):
     """Lemma 2.1: a mean cross-entropy ``Φ < log(2)/N`` implies zero training error.
 
     ``certified`` is that sufficient condition. ``per_sample_certified`` is the weaker sufficient condition
@@ -99,7 +100,7 @@ def lemma21_certificate(per_sample_losses: Any) -> Lemma21Certificate:
 
 # ------------------------------------------------------------------------------------------ escape path
 @dataclass(frozen=True)
-class EscapePath:
+class EscapePath(AnalysisResult):
     """The path of the proof of Theorem 3.4: ``V(λ) = (1-λ)V + λV*`` with ``Ψ V* = Y t*``.
 
     ``target_loss`` is ``ε/2`` when the system is solved exactly; ``applies`` says whether it was
@@ -239,7 +240,7 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float,
 
 # ----------------------------------------------------------------------------------------- Assumption 3.1
 @dataclass(frozen=True)
-class Assumption31Checks:
+class Assumption31Checks(AnalysisResult):
     """The checkable parts of Assumption 3.1, each with a reason when it fails.
 
     - ``analytic_increasing`` (3.1.1): every hidden activation is real analytic and strictly increasing.
@@ -286,6 +287,10 @@ class Assumption31Checks:
             "assumption31_num_duplicates": float(self.num_duplicates),
             "assumption31_satisfied": float(self.satisfied),
         }
+
+    def report(self) -> str:
+        """The metrics, then each reason that a condition fails."""
+        return "\n".join([super().report(), *(f"- {reason}" for reason in self.reasons)])
 
 
 def count_duplicates(inputs: Any) -> int:
@@ -341,7 +346,7 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
 
 # ------------------------------------------------------------------------------------------ 2-D loss slice
 @dataclass(frozen=True)
-class LossSurface:
+class LossSurface(AnalysisResult):
     """Loss on ``θ + t₁ d₁ + t₂ d₂`` over a square grid; ``losses[i, j]`` is at ``(t1[i], t2[j])``.
 
     ``d₁``, ``d₂`` are the two filter-normalised directions, ``t₁``, ``t₂`` the steps along them.
