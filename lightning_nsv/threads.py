@@ -9,13 +9,22 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
 from threadpoolctl import threadpool_limits
 
 __all__ = ["single_threaded_blas"]
 
 
 @contextlib.contextmanager
-def single_threaded_blas() -> Iterator[None]:
-    """numpy/scipy BLAS and LAPACK on one thread inside the block; torch's threads are left alone."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+def single_threaded_blas(torch_threads: int | None = None) -> Iterator[None]:
+    """numpy/scipy BLAS and LAPACK on one thread inside the block. torch's threads are left alone, or, with
+    ``torch_threads``, set to that many and restored on exit (Ψ's spectrum: torch's pool does the products)."""
+    saved = torch.get_num_threads()
+    try:
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        if torch_threads:
+            torch.set_num_threads(saved)

@@ -610,7 +610,7 @@ def test_reproduce_refuses_a_module_that_computes_otherwise_with_the_same_weight
 def test_the_output_check_of_a_k_class_network_states_its_tolerance():
     from types import SimpleNamespace
 
-    from lightning_nsv.artifacts import _check_outputs
+    from lightning_nsv.artifacts.rebuild import _check_outputs
 
     torch.manual_seed(0)
     weights = [torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)]

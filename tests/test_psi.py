@@ -1,22 +1,16 @@
-"""Ψ's spectrum and rank (lightning_nsv.psi): the full SVD, the streaming R factor and the fast route against
-torch.linalg.svdvals / matrix_rank on hand-made and known-spectrum matrices."""
+"""Ψ's spectrum and rank (lightning_nsv.analysis.psi): the full SVD, the streaming R factor and the fast route
+against torch.linalg.svdvals / matrix_rank on hand-made and known-spectrum matrices."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.psi import (
-    EPS64,
-    GRAM_SHIFT,
-    NonFiniteError,
-    _TransposedProducts,
-    matrix_with_singular_values,
-    psi_spectrum,
-    psi_spectrum_streaming,
-    r_factor,
-    spectrum_summary,
-)
+from lightning_nsv.analysis.psi import matrix_with_singular_values, psi_spectrum, psi_spectrum_streaming, r_factor
+from lightning_nsv.analysis.psi_fast import GRAM_SHIFT
+from lightning_nsv.analysis.psi_result import EPS64, spectrum_summary
+from lightning_nsv.analysis.psi_ritz import _TransposedProducts
+from lightning_nsv.errors import NonFiniteError
 
 
 def _low_rank(n, m, r, seed=0):
@@ -131,7 +125,7 @@ def test_streaming_errors():
 @pytest.mark.parametrize("spectrum", ["fast", "full"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_non_finite_psi_is_an_error_naming_its_first_row(spectrum, value, monkeypatch):
-    monkeypatch.setattr("lightning_nsv.psi.SMALL_SIDE", 0)
+    monkeypatch.setattr("lightning_nsv.analysis.psi.SMALL_SIDE", 0)
     psi = _low_rank(20, 30, 20)
     psi[7, 3] = psi[12, 0] = value
     with pytest.raises(NonFiniteError, match=r"`psi` has non-finite values \(NaN or inf\) in 2 of its 20 rows, "
@@ -154,7 +148,7 @@ def _known(kind, k):
 
 @pytest.fixture
 def fast_everywhere(monkeypatch):
-    monkeypatch.setattr("lightning_nsv.psi.SMALL_SIDE", 0)  # small matrices take the fast route too
+    monkeypatch.setattr("lightning_nsv.analysis.psi.SMALL_SIDE", 0)  # small matrices take the fast route too
 
 
 @pytest.mark.parametrize("kind", ["full", "deficient", "near_deficient"])
@@ -265,20 +259,20 @@ def test_fast_route_certifies_a_cluster_at_the_gram_matrix_rounding(cluster):
 def gram_not_positive_definite(monkeypatch):
     """The unshifted Cholesky factorisation fails, as it does on some machines when σ_min² is at the Gram matrix's
     rounding: the shifted one must answer."""
-    import lightning_nsv.psi as psi_module
+    import lightning_nsv.analysis.psi_fast as psi_fast
 
-    calls, cholesky = [], psi_module._cholesky
+    calls, cholesky = [], psi_fast._cholesky
 
     def failing_unshifted(gram, shift=0.0):
         calls.append(shift)
         return (None, gram.shape[0]) if shift == 0.0 else cholesky(gram, shift)  # fails at the last row
 
-    monkeypatch.setattr(psi_module, "_cholesky", failing_unshifted)
+    monkeypatch.setattr(psi_fast, "_cholesky", failing_unshifted)
     return calls
 
 
 def test_reported_smallest_values_certified_sigma_min_tighter_than_the_rest():
-    from lightning_nsv.psi import CERT_RTOL, EXTREMES_RTOL, _Ritz
+    from lightning_nsv.analysis.psi_ritz import CERT_RTOL, EXTREMES_RTOL, _Ritz
 
     values = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     ritz = lambda *errors: _Ritz(values, torch.tensor(errors, dtype=torch.float64), torch.empty(0))  # noqa: E731
@@ -290,7 +284,7 @@ def test_reported_smallest_values_certified_sigma_min_tighter_than_the_rest():
 
 
 def test_shifted_cholesky_leaves_the_gram_matrix_as_it_was():
-    from lightning_nsv.psi import _cholesky
+    from lightning_nsv.analysis.psi_fast import _cholesky
 
     b = matrix_with_singular_values(np.concatenate([np.ones(5), np.zeros(3)]), 8, 10, seed=1)
     # rank 5 of 8, its null space pushed to -1e-6: indefinite with a margin far above rounding (b bᵀ alone has
@@ -331,7 +325,7 @@ def test_shifted_factor_gives_the_svd_rank(kind, fast_everywhere, gram_not_posit
 
 
 def test_cluster_window_spans_a_cluster_only_past_a_wide_gap():
-    from lightning_nsv.psi import _cluster_window
+    from lightning_nsv.analysis.psi_fast import _cluster_window
 
     def spectrum(cluster, below, rest=300):
         return torch.cat([torch.full((cluster,), 1e-16), torch.logspace(below, 0, rest, dtype=torch.float64)])
@@ -456,3 +450,14 @@ def test_fast_route_agrees_with_the_svd_on_random_matrices(kind, fast_everywhere
             assert fast.sigma_min == pytest.approx(full.sigma_min, rel=slack)
         else:
             assert fast.sigma_min < fast.tolerance
+
+
+def test_the_old_import_paths_name_the_same_objects():
+    import lightning_nsv.analysis as analysis
+    import lightning_nsv.psi as old_psi
+    import lightning_nsv.valley as old_valley
+    from lightning_nsv.analysis import psi_fast, valley
+
+    assert old_psi.psi_spectrum is analysis.psi_spectrum and old_psi.PsiSpectrum is analysis.PsiSpectrum
+    assert old_psi.GRAM_SHIFT is psi_fast.GRAM_SHIFT and old_psi.SMALL_SIDE == 512
+    assert all(getattr(old_valley, name) is getattr(valley, name) for name in old_valley.__all__)

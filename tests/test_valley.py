@@ -204,3 +204,18 @@ def test_plots_return_figure_and_axes():
         fig, ax = result.plot()
         assert ax.figure is fig and ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     assert surface.plot()[1].get_xlabel() == "step along direction 1 (t₁)"
+
+
+def test_every_result_has_metrics_and_a_report_on_one_base():
+    from lightning_nsv.analysis import AnalysisResult
+
+    results = [lemma21_certificate([0.1, 0.2]), psi_spectrum(torch.eye(3)),
+               escape_path(torch.eye(4), torch.zeros(4, 3), torch.tensor([0, 1, 2, 0]), eps=0.1),
+               assumption31_checks(["relu"], num_units=3, inputs=torch.eye(4))]
+    for result in results:
+        assert isinstance(result, AnalysisResult)
+        metrics, report = result.to_metrics(), result.report()
+        assert metrics and all(isinstance(v, float) for v in metrics.values()) and report
+    assert all(key in results[0].report() for key in results[0].to_metrics())
+    assert results[1].report() == results[1].summary()
+    assert "Assumption 3.1.1: relu is not real analytic" in results[3].report()

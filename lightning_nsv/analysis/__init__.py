@@ -1,8 +1,19 @@
-"""Analyses across result files of the support-vector callback (no Lightning import).
+"""What a user asks of a trained network, as pure functions and frozen results (no Lightning import).
 
+- :mod:`~lightning_nsv.analysis.psi`: Ψ of a skip network, its extreme singular values and numerical rank
+  (DESIGN §3), :func:`psi_spectrum` (the certified fast route: :mod:`~lightning_nsv.analysis.psi_fast`) and
+  :func:`psi_spectrum_streaming`, returning a :class:`PsiSpectrum`.
+- :mod:`~lightning_nsv.analysis.valley`: the loss-valley certificates of skip networks (DESIGN §3): Lemma 2.1,
+  the escape path of Theorem 3.4, Assumption 3.1, a 2-D slice of the loss.
 - :mod:`~lightning_nsv.analysis.stability`: support sets of several runs on one training set compared — s per
   run, pairwise Jaccard, the core, how many runs share each sample (``lightning-nsv compare``).
+
+Every result is a frozen dataclass on one base, :class:`~lightning_nsv.analysis.result.AnalysisResult`:
+``to_metrics()`` (a flat dict of floats, what the callbacks log) and ``report()`` (Markdown).
 """
+from lightning_nsv.analysis.psi import psi_spectrum, psi_spectrum_streaming
+from lightning_nsv.analysis.psi_result import PsiSpectrum
+from lightning_nsv.analysis.result import AnalysisResult
 from lightning_nsv.analysis.stability import (
     ImagesUnavailable,
     IncomparableRunsError,
@@ -10,6 +21,10 @@ from lightning_nsv.analysis.stability import (
     compare_support_sets,
     write_comparison,
 )
+from lightning_nsv.analysis.valley import (Assumption31Checks, EscapePath, Lemma21Certificate, LossSurface,
+                                           assumption31_checks, escape_path, lemma21_certificate, loss_surface_2d)
 
-__all__ = ["ImagesUnavailable", "IncomparableRunsError", "SupportSetComparison", "compare_support_sets",
-           "write_comparison"]
+__all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "ImagesUnavailable", "IncomparableRunsError",
+           "Lemma21Certificate", "LossSurface", "PsiSpectrum", "SupportSetComparison", "assumption31_checks",
+           "compare_support_sets", "escape_path", "lemma21_certificate", "loss_surface_2d", "psi_spectrum",
+           "psi_spectrum_streaming", "write_comparison"]

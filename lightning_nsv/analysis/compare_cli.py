@@ -1,0 +1,46 @@
+"""``lightning-nsv compare``: the command line of :mod:`lightning_nsv.analysis.stability`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from lightning_nsv.analysis.stability_images import write_comparison
+from lightning_nsv.analysis.support_sets import IMAGE_COUNT, LOADER_ARGS, SupportSetComparison, compare_support_sets
+
+
+def main(argv: Sequence[str] | None = None) -> SupportSetComparison:
+    """``lightning-nsv compare ART.pt ART.pt ... [--out DIR]``: print the comparison; with ``--out`` write its
+    CSVs, report and figures there. A refusal (files of different training sets, a missing file) exits with
+    status 1 and its message."""
+    parser = argparse.ArgumentParser(
+        prog="lightning-nsv compare",
+        description="Compare the support sets of several result files (support_vectors_epoch<E>.pt) of one "
+                    "training set: s per run, pairwise Jaccard, the core, and how many runs share each sample.")
+    parser.add_argument("results", nargs="+", metavar="ART", help="result files (.pt, .json or their stem)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="write compare.csv, compare_samples.csv, compare.md and the figures here")
+    parser.add_argument("--names", nargs="+", default=None, help="a short name per run (default: run 1, run 2, …)")
+    parser.add_argument("--images", type=int, default=IMAGE_COUNT,
+                        help="most frequent support vectors to draw as images (0: none)")
+    parser.add_argument("--ignore-data-arg", action="append", default=list(LOADER_ARGS), metavar="NAME",
+                        help="a data-module argument that may differ between the runs (repeatable; "
+                             f"always: {', '.join(LOADER_ARGS)})")
+    parser.add_argument("--format", default="png", metavar="LIST", help="figure formats, comma-separated (png,pdf,svg)")
+    args = parser.parse_args(argv)
+    formats = tuple(dict.fromkeys(part.strip().lower().lstrip(".") for part in args.format.split(",") if part.strip()))
+    if not formats or set(formats) - {"png", "pdf", "svg"}:
+        parser.error(f"--format can be png, pdf, svg (comma-separated), got {args.format!r}")
+    try:
+        comparison = compare_support_sets(args.results, names=args.names, ignore_data_args=args.ignore_data_arg)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"lightning-nsv compare: error: {error}") from error
+    print(comparison.report(), flush=True)
+    if args.out is not None:
+        written, note = write_comparison(comparison, args.out, images=args.images, formats=formats)
+        if note:
+            print(note)
+        print("wrote " + ", ".join(str(path) for path in written), flush=True)
+    else:
+        print("(pass --out DIR to write the CSVs, the report and the figures)", file=sys.stderr)
+    return comparison

@@ -1,0 +1,32 @@
+"""The support-vector result files: what one analysis saves, how to load it and how to recompute it.
+
+An analysis writes a pair ``<stem>.pt`` (everything, loadable with ``torch.load(weights_only=True)``) and
+``<stem>.json`` (the numbers, for people and other tools, derived from the ``.pt``). Both carry the same ``id``.
+The ``.pt`` records the SHA-256 of its own content, so a file changed after saving is refused; the pair is
+replaced as one change (a failed or killed save leaves the previous pair loadable).
+
+The ``.pt`` holds what reproduces the result: support indices, α, labels, kernel scale, solver settings and
+tolerance, the state dict of the whole module (trunk included) with its class and init arguments, the data
+module's class and init arguments with the training indices, the network's outputs on up to 4096 training
+samples (which :func:`reproduce` compares), the package and torch versions, epoch and step.
+
+Example::
+
+    >>> from lightning_nsv.artifacts import load_support_vectors, reproduce  # doctest: +SKIP
+    >>> result = load_support_vectors("runs/digits_mlp/tensorboard/version_0/nsv/support_vectors_epoch28.pt")
+    >>> again = reproduce(result)          # rebuilds module and data, refits: same support and α
+    >>> (again.svm.support_ == result.support.numpy()).all()
+    True
+
+The modules: :mod:`~lightning_nsv.artifacts.format` (the payload, its checksum and checks),
+:mod:`~lightning_nsv.artifacts.store` (the atomic pair: save, load, recovery), :mod:`~lightning_nsv.artifacts.rebuild`
+(:func:`reproduce`). No Lightning import.
+"""
+from lightning_nsv.artifacts.format import (FORMAT_VERSION, OLDEST_READABLE, OUTPUT_SAMPLES, REQUIRED_KEYS,
+                                            ArtifactCorruptError, ArtifactMismatchError, SupportVectorArtifact,
+                                            class_path, content_sha256, network_outputs, plain)
+from lightning_nsv.artifacts.rebuild import rebuild_module, reproduce
+from lightning_nsv.artifacts.store import load_support_vectors, save_support_vectors
+
+__all__ = ["ArtifactCorruptError", "ArtifactMismatchError", "SupportVectorArtifact", "content_sha256",
+           "load_support_vectors", "network_outputs", "reproduce", "save_support_vectors"]

@@ -1,0 +1,127 @@
+"""Recompute the analysis of a result file: rebuild its module and data module from what the file records, check
+that the rebuilt network computes the saved outputs, and fit the max-margin classifier again."""
+from __future__ import annotations
+
+import importlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_nsv.artifacts.format import ArtifactMismatchError, SupportVectorArtifact, network_outputs
+from lightning_nsv.artifacts.store import load_support_vectors
+from lightning_nsv.path_space import PathNetwork
+
+def _import(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def rebuild_module(artifact: SupportVectorArtifact) -> torch.nn.Module:
+    """The analysed module, from its class, init arguments and state dict."""
+    if artifact.module_class is None or artifact.module_hparams is None:
+        raise ValueError(
+            f"{artifact.path} records no init arguments for {artifact.module_class}; pass `module=` to reproduce() "
+            "(an instance of your module; its weights are loaded from the file)"
+        )
+    module = _import(artifact.module_class)(**artifact.module_hparams)
+    module.load_state_dict(artifact.module_state)
+    return module
+
+
+def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Module | None = None,
+              datamodule: Any = None, batch_size: int = 1024, output_rtol: float = 1e-6):
+    """Recompute the analysis of a result file from what it holds; returns a fresh ``SupportVectorAnalysis``.
+
+    The module is rebuilt from its class and init arguments (or ``module``, whose weights are replaced by the
+    saved ones), the training set from the data module's class and init arguments (or ``datamodule``), and the
+    max-margin classifier is fitted again with the saved solver settings (validation included, where the data
+    module has a validation set).
+
+    Before fitting, the rebuilt network's outputs on the saved samples are compared with the saved outputs: they
+    must agree to ``output_rtol · max(1, max |saved output|)`` (float64; the default 1e-6 allows the rounding of
+    a float32 trunk run with other batch sizes; a trunk run in TF32 on a GPU may need 1e-3).
+
+    Raises:
+        ArtifactMismatchError: when the rebuilt training set or network outputs differ from the saved ones.
+    """
+    from lightning_nsv.extract import find_path_part
+    from lightning_nsv.models.layers import eval_mode
+    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.support_vectors import network_support_vectors, signed_labels
+
+    if not isinstance(artifact, SupportVectorArtifact):
+        artifact = load_support_vectors(artifact)
+    if module is None:
+        module = rebuild_module(artifact)
+    else:
+        module.load_state_dict(artifact.module_state)
+    datamodule = _rebuild_datamodule(artifact, datamodule)
+    path = find_path_part(module, artifact.path_module, artifact.embedding)
+
+    def embedded(dataset):
+        with eval_mode(module), torch.no_grad():
+            batches = (dataset[i:i + batch_size] for i in range(0, len(dataset), batch_size))
+            parts = [(path.embed(x), y) for x, y in batches]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    x_train, y_train = embedded(datamodule.train_dataset)
+    net = path.path_network()
+    labels = signed_labels(y_train) if net.num_outputs == 1 else y_train.to(torch.int64)
+    if not torch.equal(labels, artifact.labels):
+        raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
+    if artifact.outputs is not None:
+        _check_outputs(artifact, net, x_train, output_rtol)
+    else:
+        warnings.warn(f"{artifact.path} holds no network outputs (saved before format 3): nothing shows whether the "
+                      "rebuilt network computes what the analysed one did", UserWarning, stacklevel=2)
+    val = getattr(datamodule, "val_dataset", None)
+    x_val, y_val = embedded(val) if val is not None and len(val) else (None, None)
+    solver = artifact.solver
+    if net.num_outputs > 1:
+        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=solver["multiclass"])
+    return network_support_vectors(
+        net, x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
+        kernel=solver["kernel"], max_dense_bytes=solver["max_dense_bytes"],
+    )
+
+
+def _rebuild_datamodule(artifact: SupportVectorArtifact, datamodule: Any) -> Any:
+    """``datamodule`` (or the one the file records, rebuilt from its class and init arguments), set up for fitting
+    and checked to draw the saved training samples."""
+    if datamodule is None:
+        if artifact.data_class is None:
+            raise ValueError(f"{artifact.path} records no data module; pass `datamodule=`")
+        datamodule = _import(artifact.data_class)(**(artifact.data_hparams or {}))
+    datamodule.setup("fit")
+    indices = getattr(datamodule, "train_indices", None)
+    if artifact.train_indices is not None and indices is not None and not torch.equal(
+            torch.as_tensor(indices), artifact.train_indices):
+        raise ArtifactMismatchError("the rebuilt data module draws other training samples than the saved ones")
+    return datamodule
+
+
+def _check_outputs(artifact: SupportVectorArtifact, net: PathNetwork, x_train: Tensor, rtol: float) -> None:
+    indices, saved = artifact.outputs["indices"], artifact.outputs["values"].to(torch.float64)
+    if len(x_train) != artifact.m or (len(indices) and int(indices.max()) >= len(x_train)):
+        raise ArtifactMismatchError(f"the rebuilt training set has {len(x_train)} samples, {artifact.path} "
+                                    f"was analysed on {artifact.m}")
+    now = network_outputs(net, x_train[indices], max_samples=len(indices))["values"]
+    if now.shape != saved.shape:
+        raise ArtifactMismatchError(f"the rebuilt network has outputs of shape {tuple(now.shape)}, {artifact.path} "
+                                    f"saved {tuple(saved.shape)}")
+    gap = (now - saved).abs().reshape(len(indices), -1)
+    tolerance = rtol * max(1.0, float(saved.abs().max()) if saved.numel() else 1.0)
+    worst = float(gap.max()) if gap.numel() else 0.0
+    if not worst <= tolerance:  # NaN fails too
+        row = int(gap.max(1).values.argmax())
+        saved_row, now_row = (v.reshape(len(indices), -1)[row].tolist() for v in (saved, now))
+        raise ArtifactMismatchError(
+            f"the rebuilt network computes other outputs than the analysed one in {artifact.path}: largest "
+            f"difference {worst:.3g} at training sample {int(indices[row])} (saved {saved_row}, now {now_row}), "
+            f"tolerance {tolerance:.3g} (output_rtol={rtol:g}). The "
+            "module's code, its weights or the data differ from the analysed run; the refit would describe "
+            "another network. Pass the module and data module of that run, or a larger output_rtol if the "
+            "difference is rounding (e.g. TF32 on a GPU)")
