@@ -1,7 +1,21 @@
-"""LightningModules whose networks the analyses read."""
-from lightning_nsv.models.conv_fc import ConvFCNet
-from lightning_nsv.models.layers import LeakyReLUFamily, make_activation, mlp_sequential
-from lightning_nsv.models.mlp import LeakyReLUMLP
-from lightning_nsv.models.skip import SkipNetwork
+"""LightningModules whose networks the analyses read.
 
-__all__ = ["ConvFCNet", "LeakyReLUFamily", "LeakyReLUMLP", "SkipNetwork", "make_activation", "mlp_sequential"]
+Each name is imported on first use, so that the core can read :mod:`lightning_nsv.models.layers` (the activation
+family, ``eval_mode``) without importing Lightning.
+"""
+from importlib import import_module
+
+_HOMES = {"ConvFCNet": "conv_fc", "LeakyReLUFamily": "layers", "LeakyReLUMLP": "mlp", "SkipNetwork": "skip",
+          "make_activation": "layers", "mlp_sequential": "layers"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
