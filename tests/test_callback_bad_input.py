@@ -234,3 +234,22 @@ def test_an_integer_batch_limit_below_the_loader_length_is_said(tmp_path):
     x, y = _data()
     with pytest.warns(UserWarning, match=r"`limit_train_batches=2` trains on part of the training set"):
         _fit(tmp_path, Classifier(), x, y, max_epochs=1, limit_train_batches=2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"every_n_epochs": 1.5}, r"`every_n_epochs` must be an integer, got 1.5 \(float\); pass e.g. every_n_epochs=1"),
+    ({"every_n_epochs": "2"}, r"`every_n_epochs` must be an integer, got '2' \(str\)"),
+    ({"every_n_epochs": True}, r"`every_n_epochs` must be an integer, got True \(bool\)"),
+    ({"probe_size": 2.5}, r"`probe_size` must be an integer, got 2.5"),
+    ({"batch_size": "64"}, r"`batch_size` must be an integer, got '64'"),
+    ({"seed": None}, r"`seed` must be an integer, got None"),
+    ({"intercept": "no"}, r"`intercept` must be True or False, got 'no' \(str\); a string such as 'false' would count"),
+    ({"stop_on_zero_error": 0}, r"`stop_on_zero_error` must be True or False, got 0 \(int\)"),
+    ({"C": "1e7"}, r"`C` must be a real number, got '1e7' \(str\)"),
+    ({"path_module": 3}, r"`path_module` must be the dotted name of a submodule .* got 3"),
+    ({"embedding": nn.Flatten()}, r"`embedding` must be the dotted name of a submodule .* got Flatten\(.*\)"),
+    ({"save_dir": 5}, r"`save_dir` must be a path \(str or os.PathLike\) or None, got 5"),
+])
+def test_arguments_of_the_wrong_type_are_refused_at_construction(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        NetworkSupportVectors(**kwargs)

@@ -344,8 +344,11 @@ def test_the_torch_solver_gives_the_numpy_analysis(tmp_path):
     [
         ({"every_n_epochs": 0}, "`every_n_epochs` must be a positive integer, got 0"),
         ({"batch_size": -1}, "`batch_size` must be a positive integer, got -1"),
-        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 16"),
-        ({"C": 0}, "`C` must be positive, got 0"),
+        ({"probe_size": -5}, "`probe_size` must be an integer >= 0, got -5"),
+        ({"max_images": -1}, "`max_images` must be an integer >= 0, got -1"),
+        ({"C": 0}, "`C` must be positive and finite, got 0"),
+        ({"C": float("nan")}, "`C` must be positive and finite, got nan"),
+        ({"every_n_epochs": -2}, "`every_n_epochs` must be a positive integer, got -2"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
         ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),
         ({"solver": "gpu"}, "`solver` can be auto, numpy, torch, got 'gpu'"),

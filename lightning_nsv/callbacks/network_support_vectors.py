@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +58,16 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
             "head K. `lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
             "checkpoint was trained with."
         )
+
+
+def _check_integer(name: str, value: Any, low: int | None) -> None:
+    """Refuse a non-integer (a bool, a float such as 1.5, a string) or one below ``low``, as Lightning's own callbacks do."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}); pass e.g. {name}="
+                        f"{max(low or 0, 1)}")
+    if low is not None and value < low:
+        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"`{name}` must be {kind}, got {value}")
 
 
 def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:
@@ -179,22 +192,31 @@ class NetworkSupportVectors(Callback):
         multiclass: Literal["exact", "ovr"] = "exact",
         solver: Literal["auto", "numpy", "torch"] = "auto",
     ) -> None:
-        for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
-                            ("max_dense_bytes", max_dense_bytes)):
-            if value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value}")
-        if probe_size < 0 or max_images < 0:
-            raise ValueError(f"`probe_size` and `max_images` must be >= 0, got {probe_size} and {max_images}")
-        if C <= 0:
-            raise ValueError(f"`C` must be positive, got {C}")
+        for name, value, low in (("every_n_epochs", every_n_epochs, 1), ("batch_size", batch_size, 1),
+                                 ("max_dense_bytes", max_dense_bytes, 1), ("probe_size", probe_size, 0),
+                                 ("max_images", max_images, 0), ("seed", seed, None)):
+            _check_integer(name, value, low)
+        for name, value in (("stop_on_zero_error", stop_on_zero_error), ("intercept", intercept)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}); a string "
+                                "such as 'false' would count as True")
+        for name, value in (("C", C), ("delta", delta)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
+        if not 0 < C < math.inf:
+            raise ValueError(f"`C` must be positive and finite, got {C}; the intercept protocol's default is 1e7")
         if not 0 < delta < 1:
-            raise ValueError(f"`delta` must be in (0, 1), got {delta}")
-        if kernel not in KERNEL_MODES:
-            raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
-        if multiclass not in MULTICLASS_METHODS:
-            raise ValueError(f"`multiclass` can be {', '.join(MULTICLASS_METHODS)}, got {multiclass!r}")
-        if solver not in SOLVERS:
-            raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}; e.g. delta=0.05 for a 95% bound")
+        for name, value in (("path_module", path_module), ("embedding", embedding)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"`{name}` must be the dotted name of a submodule (e.g. 'head' or 'net.trunk') or None, "
+                                f"got {value!r}")
+        if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
+            raise TypeError(f"`save_dir` must be a path (str or os.PathLike) or None, got {save_dir!r}")
+        for name, value, choices in (("kernel", kernel, KERNEL_MODES), ("multiclass", multiclass, MULTICLASS_METHODS),
+                                     ("solver", solver, SOLVERS)):
+            if value not in choices:
+                raise ValueError(f"`{name}` can be {', '.join(choices)}, got {value!r}")
         self.multiclass = multiclass
         self.solver = solver
         self.kernel = kernel
