@@ -253,3 +253,38 @@ def test_an_integer_batch_limit_below_the_loader_length_is_said(tmp_path):
 def test_arguments_of_the_wrong_type_are_refused_at_construction(kwargs, message):
     with pytest.raises(TypeError, match=message):
         NetworkSupportVectors(**kwargs)
+
+
+class Shifted(Classifier):
+    """Adds a learnable scalar outside the path part: 0 at step 0 (the first-batch check passes), not later."""
+
+    def __init__(self):
+        super().__init__(lr=0.5)
+        self.shift = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return self.model(x)[:, 0] + self.shift
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self(x), y.float()) + (self.shift - 2.0) ** 2
+
+
+def test_a_module_whose_output_leaves_its_head_is_refused_at_every_analysis(tmp_path):
+    pl.seed_everything(0)
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"the output of Shifted is not the output of its path part Shifted.model "
+                                         r"\(.* on training sample \d+, checked on the 64 training samples nearest its "
+                                         r"decision boundary at epoch \d+\).*Choices: make `forward` return the path "
+                                         r"part's output unchanged.*`path_module=`/`embedding=`.*whole network"):
+        _fit(tmp_path, Shifted(), x, y, max_epochs=200, batch_size=64)
+    assert _no_results(tmp_path)
+
+
+def test_every_training_label_of_one_class_is_said_and_not_analysed(tmp_path):
+    x, _ = _data()
+    with pytest.warns(UserWarning, match=r"every training label is negative \(0 or -1\): with one class.*does not "
+                                         r"run and no file is written") as record:
+        _, callback = _fit(tmp_path, Classifier(), x, torch.zeros(len(x), dtype=torch.long), max_epochs=3)
+    assert not any("zero training error was not reached" in str(w.message) for w in record)
+    assert callback.analysis is None and callback.metrics == {} and _no_results(tmp_path)

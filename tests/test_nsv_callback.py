@@ -188,13 +188,13 @@ def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
 
     data = DigitsDataModule(m=50, batch_size=50)
     tf32_like = UserClassifier(rounding=2e-3)  # outputs off by about TF32's rounding (a 10-bit mantissa)
-    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
     monkeypatch.setattr(module, "_reduced_float32_matmuls", lambda device: True)  # as after
     trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
         UserClassifier(rounding=2e-3), datamodule=data)
     for module_ in (UserClassifier(squash=True), UserClassifier(rounding=5e-2)):  # still too far off
-        with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+        with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
             trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(module_, datamodule=data)
 
 
@@ -226,7 +226,7 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
                                          r"UserClassifier.model has 3; the module must return the head's output"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(outputs=3), train_dataloaders=data.train_dataloader())
-    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(squash=True), datamodule=data)
     classes = DigitsDataModule(m=50, batch_size=50, task="multiclass")

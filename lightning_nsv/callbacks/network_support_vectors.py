@@ -91,8 +91,9 @@ class NetworkSupportVectors(Callback):
 
     The network is found with :func:`~lightning_nsv.extract.find_path_part`: the module's ``nn.Sequential``
     of Linear and ReLU/LeakyReLU layers (after an optional trunk ending with ``nn.Flatten``), or the
-    submodules named by ``path_module``/``embedding``. The module's output must be that head's logit; this is
-    checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1 for a head with one
+    submodules named by ``path_module``/``embedding``. The module's output must be that head's output; this is
+    checked on the first batch and at every analysis, on the ``HEAD_CHECK_SAMPLES`` training samples nearest the
+    decision boundary. A training set of one class is said and not analysed. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1 for a head with one
     output (its logit), or class labels ``0..K-1`` for a head with K >= 2 outputs (the class scores): then zero
     training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
     classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
@@ -139,8 +140,10 @@ class NetworkSupportVectors(Callback):
             else the CPU (MPS and other devices without float64); multi-class heads solve on the CPU.
 
     Raises:
+        TypeError: On arguments of the wrong type (``every_n_epochs=1.5``, ``intercept="no"``).
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
-            the module's output is not the head's logit; at the start of training when the training set is empty.
+            the module's output is not the head's (and at every analysis); at the start of training when the training
+            set is empty.
         UnsupportedNetworkError: At ``setup`` when the module has no supported path part.
         LightningPackageMismatch: At ``setup`` when the Trainer comes from the other Lightning package.
 
@@ -245,6 +248,9 @@ class NetworkSupportVectors(Callback):
         self._diverged = False
         self._epoch: int | None = None
         self._previous_patterns: Tensor | None = None
+        self._mismatch: str | None = None  # the zero-error pass's head check, until the ranks agree on it
+        self._label_range: tuple[Any, Any] = (None, None)  # this rank's smallest and largest label at zero error
+        self._single_class: Any = None  # the one class of a training set that has only one
         # rows of X Xᵀ of the last support, reused by a repeated analysis (8·m·s bytes; not checkpointed)
         self._gram_cache = InputGramCache()
 
@@ -300,8 +306,8 @@ class NetworkSupportVectors(Callback):
         self._run_check(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.zero_error_epoch is not None or trainer.fast_dev_run:
-            return
+        if self.zero_error_epoch is not None or trainer.fast_dev_run or self._single_class is not None:
+            return  # analysed, skipped, or a training set of one class (said)
         dataset = self._train_dataset(trainer)
         wrong = self._count_errors(trainer, dataset, pl_module)
         epochs = trainer.current_epoch
@@ -386,19 +392,25 @@ class NetworkSupportVectors(Callback):
                 f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {row} of the "
                 "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
             )
+        mismatch = self._module_mismatch(pl_module, x[:8], "the first training batch")
+        if mismatch is not None:
+            raise ValueError(mismatch)
+
+    def _module_mismatch(self, pl_module: pl.LightningModule, x: Tensor, where: str,
+                         indices: list[int] | None = None) -> str | None:
+        """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is."""
         with eval_mode(pl_module), torch.no_grad():
-            x = x[:8]
+            x = x.to(pl_module.device)
             output = pl_module(x).reshape(len(x), -1)
             head = _head_forward(self._path, x).reshape(len(x), -1)
+        module = type(pl_module).__name__
         if output.shape[1] != head.shape[1]:
-            raise ValueError(
-                f"the output of {type(pl_module).__name__} has {output.shape[1]} values per sample, but its path part "
-                f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged"
-            )
+            return (f"the output of {module} has {output.shape[1]} values per sample, but its path part "
+                    f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged")
         precision = output.dtype if output.is_floating_point() else torch.float32
         if precision not in (torch.float32, torch.float64):
             self._warn_once(
-                f"NetworkSupportVectors: {type(pl_module).__name__} computes in {precision}; the analysis evaluates "
+                f"NetworkSupportVectors: {module} computes in {precision}; the analysis evaluates "
                 "its head in float64 from these rounded weights, so its own outputs may differ in sign on samples "
                 "within rounding of the decision boundary. Train with precision='32-true' for an exact match."
             )
@@ -406,14 +418,42 @@ class NetworkSupportVectors(Callback):
         rtol = max(1e-4, 64 * eps)
         if precision == torch.float32 and _reduced_float32_matmuls(output.device):
             rtol = TF32_RTOL  # set_float32_matmul_precision("high"/"medium"): float32 products in TF32
+        output = output.cpu().double()
         scale = float(head.abs().max()) if len(head) else 1.0
-        close = torch.allclose(output.cpu().double(), head, rtol=rtol, atol=max(1e-5, rtol * scale))
-        if not close:
-            raise ValueError(
-                f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
-                "the support-vector analysis reads that head, so the module must return it unchanged "
-                "(no sigmoid, no extra layers). Pass `path_module`/`embedding` naming the right submodules."
-            )
+        far = ~torch.isclose(output, head, rtol=rtol, atol=max(1e-5, rtol * scale)).all(1)
+        if not bool(far.any()):
+            return None
+        row = int(far.nonzero()[0, 0])
+        sample = f"training sample {indices[row]}" if indices is not None else f"row {row} of {where}"
+        return (
+            f"NetworkSupportVectors: the output of {module} is not the output of its path part {self._path.name} "
+            f"({_values(output[row])} against {_values(head[row])} on {sample}, checked on {where}), so an analysis of "
+            "that head would not describe the module (it could report zero training error the module does not have). "
+            "Choices: make `forward` return the path part's output unchanged (no sigmoid, no extra layers, no "
+            "parameter added or multiplied outside it); name the parts with `path_module=`/`embedding=`; analysing "
+            "the whole network is a coming feature."
+        )
+
+    def _trustworthy(self, trainer: pl.Trainer) -> bool:
+        """After a zero-error pass on every rank: refuse a module whose output is not its head's (every analysis),
+        and say that a training set of one class is not analysed. Collective: every rank takes part."""
+        mismatch, self._mismatch = self._mismatch, None
+        if not trainer.strategy.reduce_boolean_decision(mismatch is None, all=True):
+            raise ValueError(mismatch or "NetworkSupportVectors: on another rank the module's output is not its "
+                             "path part's (see that rank's error)")
+        low, high = self._label_range
+        first = trainer.strategy.broadcast(low, src=0)
+        if not trainer.strategy.reduce_boolean_decision(low is None or low == high == first, all=True):
+            return True
+        self._single_class = first
+        self._warn_once(
+            f"NetworkSupportVectors: every training label is {_class_name(first, self._path.num_outputs)}: with one "
+            "class, zero training error only asks the network to give every sample that class, and the max-margin "
+            "classifier through the origin of one class has no second class to separate it from (its margin and "
+            "support vectors describe no decision boundary), so the support-vector analysis does not run and no "
+            "file is written. Check the data module's labels, split or filtering."
+        )
+        return False
 
     def _train_dataset(self, trainer: pl.Trainer) -> Dataset:
         datamodule = trainer.datamodule
@@ -460,7 +500,7 @@ class NetworkSupportVectors(Callback):
             reached = self._run_check(trainer, pl_module)
         finally:
             self._epoch = None
-        if not reached:
+        if not reached and self._single_class is None:
             dataset = self._train_dataset(trainer)
             wrong = self._count_errors(trainer, dataset, pl_module)
             rank_zero_warn(
@@ -490,7 +530,7 @@ class NetworkSupportVectors(Callback):
             with eval_mode(pl_module), torch.no_grad():
                 clean = self._zero_error_here(trainer, dataset, net, pl_module)
         reached = trainer.strategy.reduce_boolean_decision(clean, all=True)
-        if not reached:
+        if not reached or not self._trustworthy(trainer):
             return False
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
@@ -523,8 +563,9 @@ class NetworkSupportVectors(Callback):
         self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
-                keep: list | None = None) -> list[int]:
-        """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches."""
+                keep: list | None = None, margins: list | None = None) -> list[int]:
+        """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches,
+        ``margins`` each batch's margins and labels."""
         wrong, device = [], _analysis_device(pl_module)
         on_device = net.to(device)
         for start in range(0, len(indices), self.batch_size):
@@ -534,7 +575,10 @@ class NetworkSupportVectors(Callback):
             if keep is not None:
                 keep.append((embedded, y))
             outputs = forward_with_slopes(on_device, embedded)[0].cpu()
-            bad = ~(self._margins(outputs, y) > 0)
+            margin = self._margins(outputs, y)
+            if margins is not None:
+                margins.append((margin, self._labels(y)))
+            bad = ~(margin > 0)
             if not torch.isfinite(outputs).all():
                 self._explain_non_finite(x, outputs, chunk, pl_module)
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
@@ -574,11 +618,20 @@ class NetworkSupportVectors(Callback):
             if wrong:
                 self._hard = wrong
                 return False
-        self._kept = []
-        wrong = self._errors(dataset, shard, net, pl_module, keep=self._kept if trainer.world_size == 1 else None)
+        self._kept, passed = [], []
+        wrong = self._errors(dataset, shard, net, pl_module, keep=self._kept if trainer.world_size == 1 else None,
+                             margins=passed)
         if wrong:
             self._hard, self._kept = wrong, []
             return False
+        margins, labels = (torch.cat(parts) for parts in zip(*passed)) if passed else (torch.zeros(0),) * 2
+        self._label_range = (labels.min().item(), labels.max().item()) if len(labels) else (None, None)
+        # the module against its head on the samples nearest the boundary, where a difference flips a sign
+        nearest = [shard[i] for i in torch.argsort(margins)[:HEAD_CHECK_SAMPLES].tolist()]
+        if nearest:
+            self._mismatch = self._module_mismatch(pl_module, _gather(dataset, nearest)[0], "the "
+                                                   f"{len(nearest)} training samples nearest its decision boundary "
+                                                   f"at epoch {self._current_epoch(trainer)}", nearest)
         return True
 
     def _embedded_training_set(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
@@ -785,6 +838,18 @@ def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
         return tensors[0][index], tensors[1][index]
     xs, ys = zip(*[_split_batch(dataset[i]) for i in indices])
     return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
+
+
+#: Training samples nearest the decision boundary on which every analysis checks the module's output against its head.
+HEAD_CHECK_SAMPLES = 64
+
+
+def _values(row: Tensor) -> str:
+    return ", ".join(f"{v:.6g}" for v in row[:4].tolist()) + (", ..." if len(row) > 4 else "")
+
+
+def _class_name(label: Any, num_outputs: int) -> str:
+    return f"class {int(label)}" if num_outputs > 1 else ("positive (1)" if label > 0 else "negative (0 or -1)")
 
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:
