@@ -4,11 +4,12 @@ Pure functions over a :class:`~lightning_nsv.path_space.PathNetwork` and tensors
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "NonFiniteError",
     "SupportVectorAnalysis",
     "compression_bound",
+    "conflicting_duplicates",
     "max_margin_decision",
     "network_support_vectors",
     "serve_kernel_columns",
@@ -457,15 +459,29 @@ def _misclassified_message(x: Tensor, y: Tensor, outputs: Tensor, errors: int) -
     message = (f"the network misclassifies {errors} of {len(y)} training samples ({on_boundary} of them with "
                "N(x) = 0, e.g. all units of a layer inactive): the support-vector analysis needs y·N(x) > 0 on "
                "every training sample (Assumption 1)")
-    _, inverse = torch.unique(x, dim=0, return_inverse=True)
-    seen: dict[tuple[int, float], int] = {}
-    for i, key in enumerate(zip(inverse.tolist(), y.tolist())):
-        other = seen.get((key[0], -key[1]))
-        if other is not None:
-            return (f"samples {other} and {i} have the same input and opposite labels: no classifier separates "
-                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
-        seen.setdefault(key, i)
+    pairs = conflicting_duplicates([(x, y)], limit=1)
+    if pairs:
+        i, j = pairs[0]
+        return (f"samples {i} and {j} have the same input and opposite labels: no classifier separates "
+                f"them, the data are not separable (remove or relabel the duplicates); {message}")
     return message
+
+
+def conflicting_duplicates(batches: Iterable[tuple[Tensor, Tensor]], limit: int = 5) -> list[tuple[int, int]]:
+    """The first ``limit`` pairs ``(i, j)``, ``i < j``, of samples with the same input and different labels, numbered
+    in the order of ``batches`` (``(inputs, labels)``). Cost: one pass, each input row hashed once (16 bytes kept
+    per distinct row)."""
+    first: dict[bytes, tuple[int, float]] = {}
+    pairs: list[tuple[int, int]] = []
+    start = 0
+    for x, y in batches:
+        rows = (x.detach().reshape(len(x), -1).cpu() + 0.0).contiguous().numpy()  # + 0.0: -0.0 is 0.0
+        for i, (row, label) in enumerate(zip(rows, y.reshape(-1).tolist()), start=start):
+            seen = first.setdefault(hashlib.blake2b(row.tobytes(), digest_size=16).digest(), (i, label))
+            if seen[1] != label and len(pairs) < limit:
+                pairs.append((seen[0], i))
+        start += len(rows)
+    return pairs
 
 
 def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool,

@@ -107,10 +107,10 @@ def test_an_empty_training_set_is_refused(tmp_path):
     callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"))
     trainer = pl.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, default_root_dir=tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.warns(UserWarning, match=r"the training dataloader of the DataLoader passed to `fit` has no "
+                                         r"batches \(0 samples\), so Lightning did not train.*no support-vector "
+                                         r"analysis ran and no file was written"):
         trainer.fit(Classifier(), DataLoader(TensorDataset(x, y), batch_size=4))
-    # Lightning skips training on an empty loader; the callback then has nothing to say and writes nothing
     assert callback.zero_error_epoch is None and _no_results(tmp_path)
     with pytest.raises(ValueError, match="the training set is empty, so there is nothing to analyse"):
         callback.on_train_start(_FakeTrainer(TensorDataset(x, y)), Classifier())
@@ -288,3 +288,13 @@ def test_every_training_label_of_one_class_is_said_and_not_analysed(tmp_path):
         _, callback = _fit(tmp_path, Classifier(), x, torch.zeros(len(x), dtype=torch.long), max_epochs=3)
     assert not any("zero training error was not reached" in str(w.message) for w in record)
     assert callback.analysis is None and callback.metrics == {} and _no_results(tmp_path)
+
+
+def test_identical_inputs_with_different_labels_are_named_not_advised_to_train_longer(tmp_path):
+    x, y = _data()
+    x[40], y[40] = x[7], 1 - y[7]
+    with pytest.warns(UserWarning, match=r"zero training error was not reached.*Training samples 7 and 40 have the "
+                                         r"same input and different labels: no classifier separates them") as record:
+        _fit(tmp_path, Classifier(), x, y, max_epochs=3)
+    assert not any("Train longer" in str(w.message) for w in record)
+    assert _no_results(tmp_path)

@@ -29,6 +29,7 @@ from lightning_nsv.support_vectors import (
     SOLVERS,
     SupportVectorAnalysis,
     analysis_device,
+    conflicting_duplicates,
     network_support_vectors,
     serve_kernel_columns,
     signed_labels,
@@ -251,6 +252,7 @@ class NetworkSupportVectors(Callback):
         self._mismatch: str | None = None  # the zero-error pass's head check, until the ranks agree on it
         self._label_range: tuple[Any, Any] = (None, None)  # this rank's smallest and largest label at zero error
         self._single_class: Any = None  # the one class of a training set that has only one
+        self._train_started = False
         # rows of X Xᵀ of the last support, reused by a repeated analysis (8·m·s bytes; not checkpointed)
         self._gram_cache = InputGramCache()
 
@@ -260,6 +262,7 @@ class NetworkSupportVectors(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
+        self._train_started = False
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
         _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
@@ -269,6 +272,7 @@ class NetworkSupportVectors(Callback):
             )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_started = True
         if trainer.fast_dev_run:
             rank_zero_info("NetworkSupportVectors: fast_dev_run, so the support-vector analysis is skipped")
             return
@@ -294,6 +298,10 @@ class NetworkSupportVectors(Callback):
                 f"training error is checked and the SVM fitted on all {len(dataset)} training samples. Pass a "
                 "data module with `m` set to the samples you train on to analyse just those."
             )
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:
+            self._say_no_training_batches(trainer)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -322,8 +330,8 @@ class NetworkSupportVectors(Callback):
             return
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
-                      self._diverged else "Train longer (resume from the last checkpoint with a larger max_epochs), "
-                      "raise the learning rate or widen the network.")
+                      self._diverged else self._duplicates_said(dataset) or "Train longer (resume from the last "
+                      "checkpoint with a larger max_epochs), raise the learning rate or widen the network.")
             rank_zero_warn(
                 f"NetworkSupportVectors: zero training error was not reached within max_epochs={trainer.max_epochs} "
                 f"({wrong} of {len(dataset)} training samples misclassified at the end), so there are no network "
@@ -455,6 +463,23 @@ class NetworkSupportVectors(Callback):
         )
         return False
 
+    def _say_no_training_batches(self, trainer: pl.Trainer) -> None:
+        """Lightning skips training on a loader without batches, before any hook of this callback runs."""
+        datamodule = trainer.datamodule
+        loader = trainer.train_dataloader
+        source = (f"the data module {type(datamodule).__name__}" if datamodule is not None
+                  else f"the {type(loader).__name__} passed to `fit`")
+        dataset = getattr(loader, "dataset", None)
+        try:
+            size = f"{len(dataset)} samples" if dataset is not None else "no dataset"
+        except TypeError:
+            size = "a dataset without a length"
+        rank_zero_warn(
+            f"NetworkSupportVectors: the training dataloader of {source} has no batches ({size}), so Lightning did "
+            "not train and there is nothing to analyse: no support-vector analysis ran and no file was written. Check "
+            "the data module's `m`, split and files (or `drop_last` with a batch size above the training set's size)."
+        )
+
     def _train_dataset(self, trainer: pl.Trainer) -> Dataset:
         datamodule = trainer.datamodule
         dataset = getattr(datamodule, "train_dataset", None) if datamodule is not None else None
@@ -505,9 +530,24 @@ class NetworkSupportVectors(Callback):
             wrong = self._count_errors(trainer, dataset, pl_module)
             rank_zero_warn(
                 f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
-                "samples, so there are no network support vectors; analyse a checkpoint taken at zero training error"
+                "samples, so there are no network support vectors; "
+                + (self._duplicates_said(dataset) or "analyse a checkpoint taken at zero training error")
             )
         return reached
+
+    def _duplicates_said(self, dataset: Dataset) -> str | None:
+        """Training samples with the same input and different labels, named, when there are any (no classifier
+        separates them, whatever the training)."""
+        n, size = len(dataset), self.batch_size
+        batches = ((x, self._labels(y)) for x, y in
+                   (_gather(dataset, list(range(i, min(i + size, n)))) for i in range(0, n, size)))
+        pairs = conflicting_duplicates(batches)
+        if not pairs:
+            return None
+        named = ", ".join(f"{i} and {j}" for i, j in pairs)
+        return (f"Training samples {named}{' (and more)' if len(pairs) == 5 else ''} have the same input and different "
+                "labels: no classifier separates them, so zero training error cannot be reached however long the "
+                "network trains. Remove or relabel the duplicates.")
 
     def _count_errors(self, trainer: pl.Trainer, dataset: Dataset, pl_module) -> int:
         """Misclassified training samples, each rank counting its shard, summed over the ranks."""
