@@ -37,7 +37,7 @@ from lightning_nsv.path_space import (
     path_kernel_diagonal,
     unique_patterns,
 )
-from lightning_nsv.support_vectors import check_samples, compression_bound, validation_metrics
+from lightning_nsv.support_vectors import check_analysis_memory, check_samples, compression_bound, validation_metrics
 
 __all__ = [
     "MulticlassMaxMarginResult",
@@ -625,6 +625,7 @@ def multiclass_support_vectors(
     # the multi-class solvers run on the CPU (numpy): inputs on another device are moved there
     net, x_train, x_val = net.to("cpu"), x_train.cpu(), None if x_val is None else x_val.cpu()
     y_train, y_val = (y.cpu() if isinstance(y, Tensor) else y for y in (y_train, y_val))
+    check_analysis_memory(net, len(x_train), 0 if x_val is None else len(x_val))
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)
