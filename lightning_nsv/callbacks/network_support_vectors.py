@@ -73,7 +73,7 @@ def _check_integer(name: str, value: Any, low: int | None) -> None:
 
 def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
+        return batch[0], _label_vector(batch[1])
     raise TypeError(
         f"batches must be (inputs, labels) tuples for the support-vector analysis, got {type(batch).__name__}"
     )
@@ -263,6 +263,10 @@ class NetworkSupportVectors(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
         self._train_started = False
+        if self.save_dir is not None and Path(self.save_dir).exists() and not Path(self.save_dir).is_dir():
+            raise NotADirectoryError(f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}` is an existing file, so "
+                                     "no result could be saved there after training; name a directory (or None for "
+                                     "<log_dir>/nsv)")
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
         _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
@@ -698,6 +702,8 @@ class NetworkSupportVectors(Callback):
         x_train, y_train = self._embedded_training_set(dataset, pl_module)
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
+        if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1]):
+            x_val = y_val = None
         m = len(y_train)
         how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
         epoch = self._current_epoch(trainer)
@@ -736,6 +742,25 @@ class NetworkSupportVectors(Callback):
         if net.num_outputs == 1:
             self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
         return {**metrics, "_support": analysis.svm.support_.tolist()}
+
+    def _usable_validation(self, x_val: Tensor, y_val: Tensor, features: int) -> bool:
+        """Whether the validation samples can be compared (before the analysis, which would otherwise fail at its end);
+        else a warning names the problem and the analysis runs without them."""
+        problem = None
+        if x_val.shape[1] != features:
+            problem = f"embed to {x_val.shape[1]} features, the training samples to {features}"
+        elif (row := _first_non_finite_row(x_val)) is not None:
+            problem = f"hold NaN/inf inputs (validation sample {row})"
+        else:
+            try:
+                self._labels(y_val)
+            except ValueError as err:
+                problem = f"have labels the head cannot read ({err})"
+        if problem is None:
+            return True
+        self._warn_once(f"NetworkSupportVectors: the validation samples {problem}, so the analysis runs without "
+                        "them (no `nsv/val_*` metrics); fix the validation data or leave out the validation loader.")
+        return False
 
     def _patterns_changed(self, net, x_train: Tensor) -> int | None:
         """Training samples whose activation pattern changed since the last analysis (None at the first)."""
@@ -875,9 +900,9 @@ def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, (tuple, list)) and len(tensors) >= 2:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return tensors[0][index], tensors[1][index]
+        return tensors[0][index], _label_vector(tensors[1][index])
     xs, ys = zip(*[_split_batch(dataset[i]) for i in indices])
-    return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
+    return torch.stack([torch.as_tensor(x) for x in xs]), _label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
 
 
 #: Training samples nearest the decision boundary on which every analysis checks the module's output against its head.
@@ -890,6 +915,19 @@ def _values(row: Tensor) -> str:
 
 def _class_name(label: Any, num_outputs: int) -> str:
     return f"class {int(label)}" if num_outputs > 1 else ("positive (1)" if label > 0 else "negative (0 or -1)")
+
+
+def _label_vector(y: Any) -> Any:
+    """Labels of shape ``(n, 1)`` as ``(n,)`` (a label times an output of shape ``(n,)`` would otherwise broadcast to
+    ``(n, n)``); other shapes of two or more dimensions (one-hot labels) are refused."""
+    if not isinstance(y, Tensor) or y.dim() < 2:
+        return y
+    if y.dim() == 2 and y.shape[1] == 1:
+        return y[:, 0]
+    raise ValueError(
+        f"NetworkSupportVectors needs one class label per sample, of shape (n,) or (n, 1), got labels of shape "
+        f"{tuple(y.shape)}; give class indices (`y.argmax(1)` of one-hot labels)"
+    )
 
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:
