@@ -55,8 +55,13 @@ INITIAL_MARGINS = 4
 
 
 def signed_labels(y: Tensor | np.ndarray | Sequence[int]) -> Tensor:
-    """Labels in ``{-1, +1}`` (float64) from ``{0, 1}``, booleans or ``{-1, +1}`` (a tensor, an array or a list)."""
+    """Labels in ``{-1, +1}`` (float64, shape ``(n,)``) from ``{0, 1}``, booleans or ``{-1, +1}`` (a tensor, an array or
+    a list, of shape ``(n,)`` or ``(n, 1)``)."""
     y = y if isinstance(y, Tensor) else torch.as_tensor(np.asarray(y))
+    if y.dim() > 1:  # (n, 1) times outputs (n,) would broadcast to (n, n)
+        if y.dim() != 2 or y.shape[1] != 1:
+            raise ValueError(f"binary labels need one label per sample, shape (n,) or (n, 1), got {tuple(y.shape)}")
+        y = y[:, 0]
     values = set(torch.unique(y).tolist())
     if not values <= {0, 1, -1}:
         raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)[:10]}: class labels, "

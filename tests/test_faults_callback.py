@@ -122,3 +122,14 @@ def test_every_label_of_one_class_of_a_k_class_head_is_said(tmp_path):
     with pytest.warns(UserWarning, match=r"every training label is class 2: with one class"):
         _, callback = _fit(tmp_path, Three(), x, torch.full((len(x),), 2), max_epochs=3)
     assert callback.analysis is None and _no_results(tmp_path)
+
+
+def test_a_bad_label_deep_in_a_users_training_set_is_placed(tmp_path):
+    """The callback reads labels of a user's module in its own pass: a bad one past the first batch is placed."""
+    x, y = _data()
+    y[50] = 3
+    with pytest.raises(ValueError, match=r"training samples 48..63 \(of the callback's pass in the dataset's order\): "
+                                         r"binary labels must be 0/1 or -1/\+1, got values \[0, 1, 3\]"):
+        _fit(tmp_path, Classifier(), x, y, callback=NetworkSupportVectors(save_dir=str(tmp_path / "nsv"),
+                                                                           batch_size=16, probe_size=0))
+    assert _no_results(tmp_path)

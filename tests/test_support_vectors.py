@@ -141,3 +141,17 @@ def test_an_analysis_that_cannot_fit_in_memory_is_refused_before_allocating(outp
                                          r"samples: the activation slopes of every sample \(50,000 hidden units, 40.0 "
                                          r"GB.*more than the .* GB of memory available; analyse fewer samples"):
         analyse(net, x, y)
+
+
+def test_labels_of_shape_n_by_1_are_one_label_per_sample():
+    """(n, 1) labels times (n,) outputs broadcast to (n, n): a separable network was reported not separable."""
+    net = PathNetwork.from_tensors([torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, -1.0]])], None,
+                                   [0.0], [1.0])
+    x = torch.tensor([[2.0, 0.0], [0.0, 2.0], [3.0, 1.0], [1.0, 3.0]])
+    y = torch.tensor([1, 0, 1, 0])
+    flat = network_support_vectors(net, x, y)
+    column = network_support_vectors(net, x, y[:, None])
+    np.testing.assert_array_equal(column.svm.support_, flat.svm.support_)
+    with pytest.raises(ValueError, match=r"binary labels need one label per sample, shape \(n,\) or \(n, 1\), got "
+                                         r"\(4, 2\)"):
+        signed_labels(torch.nn.functional.one_hot(y, 2))

@@ -619,7 +619,11 @@ class NetworkSupportVectors(Callback):
             if keep is not None:
                 keep.append((embedded, y))
             outputs = forward_with_slopes(on_device, embedded)[0].cpu()
-            margin = self._margins(outputs, y)
+            try:
+                margin = self._margins(outputs, y)
+            except ValueError as err:  # labels are checked in the first training batch only, by the callback
+                raise ValueError(f"NetworkSupportVectors: training samples {chunk[0]}..{chunk[-1]} (of the "
+                                 f"callback's pass in the dataset's order): {err}") from None
             if margins is not None:
                 margins.append((margin, self._labels(y)))
             bad = ~(margin > 0)
