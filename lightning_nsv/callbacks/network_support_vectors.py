@@ -94,7 +94,8 @@ class NetworkSupportVectors(Callback):
     of Linear and ReLU/LeakyReLU layers (after an optional trunk ending with ``nn.Flatten``), or the
     submodules named by ``path_module``/``embedding``. The module's output must be that head's output; this is
     checked on the first batch and at every analysis, on the ``HEAD_CHECK_SAMPLES`` training samples nearest the
-    decision boundary. A training set of one class is said and not analysed. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1 for a head with one
+    decision boundary. A training set of one class is said and not analysed. Batches must be ``(inputs, labels)``
+    (labels of shape ``(n,)`` or ``(n, 1)``) with labels 0/1 or ±1 for a head with one
     output (its logit), or class labels ``0..K-1`` for a head with K >= 2 outputs (the class scores): then zero
     training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
     classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
@@ -262,7 +263,7 @@ class NetworkSupportVectors(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
-        self._train_started = False
+        self._train_started, self._single_class = False, None
         if self.save_dir is not None and Path(self.save_dir).exists() and not Path(self.save_dir).is_dir():
             raise NotADirectoryError(f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}` is an existing file, so "
                                      "no result could be saved there after training; name a directory (or None for "
@@ -409,8 +410,10 @@ class NetworkSupportVectors(Callback):
             raise ValueError(mismatch)
 
     def _module_mismatch(self, pl_module: pl.LightningModule, x: Tensor, where: str,
-                         indices: list[int] | None = None) -> str | None:
-        """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is."""
+                         indices: list[int] | None = None, scale: float = 0.0) -> str | None:
+        """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is.
+        ``scale``: the size of the head's outputs over the training set (samples near the boundary have small outputs
+        but the rounding of the sums that make them)."""
         with eval_mode(pl_module), torch.no_grad():
             x = x.to(pl_module.device)
             output = pl_module(x).reshape(len(x), -1)
@@ -431,7 +434,7 @@ class NetworkSupportVectors(Callback):
         if precision == torch.float32 and _reduced_float32_matmuls(output.device):
             rtol = TF32_RTOL  # set_float32_matmul_precision("high"/"medium"): float32 products in TF32
         output = output.cpu().double()
-        scale = float(head.abs().max()) if len(head) else 1.0
+        scale = max(scale, float(head.abs().max()) if len(head) else 1.0)
         far = ~torch.isclose(output, head, rtol=rtol, atol=max(1e-5, rtol * scale)).all(1)
         if not bool(far.any()):
             return None
@@ -679,7 +682,8 @@ class NetworkSupportVectors(Callback):
         if nearest:
             self._mismatch = self._module_mismatch(pl_module, _gather(dataset, nearest)[0], "the "
                                                    f"{len(nearest)} training samples nearest its decision boundary "
-                                                   f"at epoch {self._current_epoch(trainer)}", nearest)
+                                                   f"at epoch {self._current_epoch(trainer)}", nearest,
+                                                   float(margins.abs().max()))
         return True
 
     def _embedded_training_set(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
