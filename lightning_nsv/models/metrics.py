@@ -157,8 +157,7 @@ def check_labels(y: Tensor, num_outputs: int, owner: str, stage: str, batch_idx:
     if y.numel() == 0 or y.dtype == torch.bool:
         return
     k = 2 if num_outputs == 1 else num_outputs
-    low, high = torch.aminmax(y)
-    low, high = int(low), int(high)
+    low, high = (int(v) for v in torch.aminmax(y))
     if 0 <= low and high < k:
         return
     values = y.unique().tolist()
