@@ -143,6 +143,12 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
         if isinstance(layer, (nn.Identity, nn.Dropout)):
             continue
         if isinstance(layer, nn.Linear):
+            if not layer.in_features or not layer.out_features:
+                raise UnsupportedNetworkError(
+                    f"{where}: layer {index}, {layer!r}, has no {'inputs' if not layer.in_features else 'outputs'}: "
+                    "every layer of the path part needs at least one unit (a head without hidden units passes no "
+                    "path); give it a positive width."
+                )
             if linears and not pending_activation:
                 betas.append(1.0)
                 gammas.append(1.0)

@@ -40,7 +40,7 @@ from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin,
 from lightning_nsv.solver.options import SolverOptions, plan
 from lightning_nsv.solver.pair_store import SampleRows
 from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
-from lightning_nsv.support_vectors import check_samples, compression_bound, validation_metrics
+from lightning_nsv.support_vectors import check_analysis_memory, check_samples, compression_bound, validation_metrics
 
 __all__ = [
     "MulticlassMaxMarginResult",
@@ -590,6 +590,7 @@ def multiclass_support_vectors(
     device = plan(SolverOptions(solver=solver, tol=tol, max_iter=max_iter), x_train.device, multiclass=True).device
     net, x_train, x_val = net.to(device), x_train.to(device), None if x_val is None else x_val.to(device)
     y_train, y_val = (y.to(device) if isinstance(y, Tensor) else y for y in (y_train, y_val))
+    check_analysis_memory(net, len(x_train), 0 if x_val is None else len(x_val), device=device)
     outputs, slopes_train = forward_with_slopes(net, x_train)
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)

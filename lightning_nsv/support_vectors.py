@@ -4,11 +4,12 @@ Pure functions over a :class:`~lightning_nsv.path_space.PathNetwork` and tensors
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -45,7 +46,9 @@ from lightning_nsv.solver.options import (  # noqa: F401 (KERNEL_MODES, SOLVERS,
 __all__ = [
     "NonFiniteError",
     "SupportVectorAnalysis",
+    "check_analysis_memory",
     "compression_bound",
+    "conflicting_duplicates",
     "max_margin_decision",
     "network_support_vectors",
     "serve_kernel_columns",
@@ -58,8 +61,13 @@ INITIAL_MARGINS = 4
 
 
 def signed_labels(y: Tensor | np.ndarray | Sequence[int]) -> Tensor:
-    """Labels in ``{-1, +1}`` (float64) from ``{0, 1}``, booleans or ``{-1, +1}`` (a tensor, an array or a list)."""
+    """Labels in ``{-1, +1}`` (float64, shape ``(n,)``) from ``{0, 1}``, booleans or ``{-1, +1}`` (a tensor, an array or
+    a list, of shape ``(n,)`` or ``(n, 1)``)."""
     y = y if isinstance(y, Tensor) else torch.as_tensor(np.asarray(y))
+    if y.dim() > 1:  # (n, 1) times outputs (n,) would broadcast to (n, n)
+        if y.dim() != 2 or y.shape[1] != 1:
+            raise ValueError(f"binary labels need one label per sample, shape (n,) or (n, 1), got {tuple(y.shape)}")
+        y = y[:, 0]
     values = set(torch.unique(y).tolist())
     if not values <= {0, 1, -1}:
         raise ValueError(f"binary labels must be 0/1 or -1/+1, got values {sorted(values)[:10]}: class labels, "
@@ -295,16 +303,20 @@ def network_support_vectors(
                          f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
     on_device = net.to(device)
     x_train = analysis_inputs(x_train, net.dtype)  # float32 inputs stay float32: the kernels convert them exactly
+    m = len(y)
+    dense = decided.dense
+    dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
+    if dense:  # before anything of size m is allocated
+        _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept, device)
+    check_analysis_memory(net, m, 0 if x_val is None else len(x_val),
+                          0 if dense else min(m, INITIAL_MARGINS * int(math.sqrt(m))), device)
     outputs, slopes_train = forward_with_slopes(on_device, x_train)
     _check_finite_samples(outputs[:, None], "network outputs")
     errors = int((y * outputs <= 0).sum())
     if errors:
         raise NotSeparableError(_misclassified_message(x_train, y, outputs, errors))
     bias = net.biases is not None
-    m = len(y)
-    dense_bytes = m * m * torch.finfo(net.dtype).bits // 8
-    if decided.dense:
-        _check_dense_fits(dense_bytes, m, max_dense_bytes if kernel == "auto" else None, intercept, device)
+    if dense:
         svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=bias, block_size=block_size), y,
                          intercept=intercept, C=C, device=solver_device)
     else:
@@ -450,32 +462,75 @@ def _misclassified_message(x: Tensor, y: Tensor, outputs: Tensor, errors: int) -
     message = (f"the network misclassifies {errors} of {len(y)} training samples ({on_boundary} of them with "
                "N(x) = 0, e.g. all units of a layer inactive): the support-vector analysis needs y·N(x) > 0 on "
                "every training sample (Assumption 1)")
-    _, inverse = torch.unique(x, dim=0, return_inverse=True)
-    seen: dict[tuple[int, float], int] = {}
-    for i, key in enumerate(zip(inverse.tolist(), y.tolist())):
-        other = seen.get((key[0], -key[1]))
-        if other is not None:
-            return (f"samples {other} and {i} have the same input and opposite labels: no classifier separates "
-                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
-        seen.setdefault(key, i)
+    pairs = conflicting_duplicates([(x, y)], limit=1)
+    if pairs:
+        i, j = pairs[0]
+        return (f"samples {i} and {j} have the same input and opposite labels: no classifier separates "
+                f"them, the data are not separable (remove or relabel the duplicates); {message}")
     return message
+
+
+def conflicting_duplicates(batches: Iterable[tuple[Tensor, Tensor]], limit: int = 5) -> list[tuple[int, int]]:
+    """The first ``limit`` pairs ``(i, j)``, ``i < j``, of samples with the same input and different labels, numbered
+    in the order of ``batches`` (``(inputs, labels)``). Cost: one pass, each input row hashed once (16 bytes kept
+    per distinct row)."""
+    first: dict[bytes, tuple[int, float]] = {}
+    pairs: list[tuple[int, int]] = []
+    start = 0
+    for x, y in batches:
+        rows = (x.detach().reshape(len(x), -1).cpu() + 0.0).contiguous().numpy()  # + 0.0: -0.0 is 0.0
+        for i, (row, label) in enumerate(zip(rows, y.reshape(-1).tolist()), start=start):
+            seen = first.setdefault(hashlib.blake2b(row.tobytes(), digest_size=16).digest(), (i, label))
+            if seen[1] != label and len(pairs) < limit:
+                pairs.append((seen[0], i))
+        start += len(rows)
+    return pairs
 
 
 def _check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool,
                       device: torch.device = torch.device("cpu")) -> None:
-    need = f"the dense kernel needs {nbytes / 1e9:.1f} GB for m={m:,}"
     fix = ("use kernel='columns' (the problem through the origin)" if not intercept
            else "the intercept protocol needs the dense kernel; use intercept=False with kernel='columns'")
+    check_memory(nbytes, f"the dense kernel needs {nbytes / 1e9:.1f} GB for m={m:,}", fix, device, limit=limit,
+                 limit_name="max_dense_bytes")
+
+
+def check_memory(nbytes: int, need: str, fix: str, device: torch.device = torch.device("cpu"),
+                 limit: int | None = None, limit_name: str = "") -> None:
+    """Refuse, before allocating it, ``nbytes`` above ``limit`` or above the memory available (on ``device`` for
+    CUDA). ``need`` says what the bytes are for, ``fix`` what to do."""
     if limit is not None and nbytes > limit:
-        raise ValueError(f"{need}, above max_dense_bytes={limit:,}; {fix} or raise max_dense_bytes")
+        raise ValueError(f"{need}, above {limit_name}={limit:,}; {fix} or raise {limit_name}")
     available = available_memory_bytes()
     if available is not None and nbytes > available:
         raise ValueError(f"{need}, more than the {available / 1e9:.1f} GB of memory available; {fix}")
-    if device.type == "cuda":  # the kernel is formed there; torch's allocator reuses what it holds unused
+    if device.type == "cuda":  # formed there; torch's allocator reuses what it holds unused
         unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         free = torch.cuda.mem_get_info(device)[0] + unused
         if nbytes > free:
             raise ValueError(f"{need}, more than the {free / 1e9:.1f} GB free on {device}; {fix}")
+
+
+def check_analysis_memory(net: PathNetwork, m: int, n_val: int = 0, columns: int = 0,
+                          device: torch.device = torch.device("cpu")) -> None:
+    """Refuse an analysis whose per-sample arrays do not fit, before any of them is allocated: the activation slopes
+    of all ``m`` training and ``n_val`` validation samples (one float per hidden unit, plus the widest layer's
+    pre-activations during the forward pass), their 0/1 patterns (float32) and a first block of ``columns`` kernel
+    columns (``m`` floats each)."""
+    units, widest = sum(net.hidden_widths), max(net.hidden_widths, default=0)
+    item = torch.finfo(net.dtype).bits // 8
+    slopes = (m + n_val) * units * item
+    transient = 2 * max(m, n_val) * widest * item
+    patterns = m * units * 4
+    block = m * columns * item
+    total = slopes + transient + patterns + block
+    what = (f"the support-vector analysis needs about {total / 1e9:.1f} GB for m={m:,} training"
+            + (f" and {n_val:,} validation" if n_val else "") + f" samples: the activation slopes of every sample "
+            f"({units:,} hidden units, {slopes / 1e9:.1f} GB, and {transient / 1e9:.1f} GB during the forward pass), "
+            f"their activation patterns ({patterns / 1e9:.1f} GB)"
+            + (f" and a first block of {columns:,} kernel columns ({block / 1e9:.1f} GB)" if columns else ""))
+    check_memory(total, what, "analyse fewer samples (a data module with a smaller `m`, fewer validation samples) "
+                 "or a narrower network", device)
 
 
 def available_memory_bytes() -> int | None:

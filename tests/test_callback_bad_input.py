@@ -107,10 +107,10 @@ def test_an_empty_training_set_is_refused(tmp_path):
     callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"))
     trainer = pl.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, default_root_dir=tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.warns(UserWarning, match=r"the training dataloader of the DataLoader passed to `fit` has no "
+                                         r"batches \(0 samples\), so Lightning did not train.*no support-vector "
+                                         r"analysis ran and no file was written"):
         trainer.fit(Classifier(), DataLoader(TensorDataset(x, y), batch_size=4))
-    # Lightning skips training on an empty loader; the callback then has nothing to say and writes nothing
     assert callback.zero_error_epoch is None and _no_results(tmp_path)
     with pytest.raises(ValueError, match="the training set is empty, so there is nothing to analyse"):
         callback.on_train_start(_FakeTrainer(TensorDataset(x, y)), Classifier())
@@ -234,3 +234,67 @@ def test_an_integer_batch_limit_below_the_loader_length_is_said(tmp_path):
     x, y = _data()
     with pytest.warns(UserWarning, match=r"`limit_train_batches=2` trains on part of the training set"):
         _fit(tmp_path, Classifier(), x, y, max_epochs=1, limit_train_batches=2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"every_n_epochs": 1.5}, r"`every_n_epochs` must be an integer, got 1.5 \(float\); pass e.g. every_n_epochs=1"),
+    ({"every_n_epochs": "2"}, r"`every_n_epochs` must be an integer, got '2' \(str\)"),
+    ({"every_n_epochs": True}, r"`every_n_epochs` must be an integer, got True \(bool\)"),
+    ({"probe_size": 2.5}, r"`probe_size` must be an integer, got 2.5"),
+    ({"batch_size": "64"}, r"`batch_size` must be an integer, got '64'"),
+    ({"seed": None}, r"`seed` must be an integer, got None"),
+    ({"intercept": "no"}, r"`intercept` must be True or False, got 'no' \(str\); a string such as 'false' would count"),
+    ({"stop_on_zero_error": 0}, r"`stop_on_zero_error` must be True or False, got 0 \(int\)"),
+    ({"C": "1e7"}, r"`C` must be a real number, got '1e7' \(str\)"),
+    ({"path_module": 3}, r"`path_module` must be the dotted name of a submodule .* got 3"),
+    ({"embedding": nn.Flatten()}, r"`embedding` must be the dotted name of a submodule .* got Flatten\(.*\)"),
+    ({"save_dir": 5}, r"`save_dir` must be a path \(str or os.PathLike\) or None, got 5"),
+])
+def test_arguments_of_the_wrong_type_are_refused_at_construction(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        NetworkSupportVectors(**kwargs)
+
+
+class Shifted(Classifier):
+    """Adds a learnable scalar outside the path part: 0 at step 0 (the first-batch check passes), not later."""
+
+    def __init__(self):
+        super().__init__(lr=0.5)
+        self.shift = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return self.model(x)[:, 0] + self.shift
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self(x), y.float()) + (self.shift - 2.0) ** 2
+
+
+def test_a_module_whose_output_leaves_its_head_is_refused_at_every_analysis(tmp_path):
+    pl.seed_everything(0)
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"the output of Shifted is not the output of its path part Shifted.model "
+                                         r"\(.* on training sample \d+, checked on the 64 training samples nearest its "
+                                         r"decision boundary at epoch \d+\).*Choices: make `forward` return the path "
+                                         r"part's output unchanged.*`path_module=`/`embedding=`.*whole network"):
+        _fit(tmp_path, Shifted(), x, y, max_epochs=200, batch_size=64)
+    assert _no_results(tmp_path)
+
+
+def test_every_training_label_of_one_class_is_said_and_not_analysed(tmp_path):
+    x, _ = _data()
+    with pytest.warns(UserWarning, match=r"every training label is negative \(0 or -1\): with one class.*does not "
+                                         r"run and no file is written") as record:
+        _, callback = _fit(tmp_path, Classifier(), x, torch.zeros(len(x), dtype=torch.long), max_epochs=3)
+    assert not any("zero training error was not reached" in str(w.message) for w in record)
+    assert callback.analysis is None and callback.metrics == {} and _no_results(tmp_path)
+
+
+def test_identical_inputs_with_different_labels_are_named_not_advised_to_train_longer(tmp_path):
+    x, y = _data()
+    x[40], y[40] = x[7], 1 - y[7]
+    with pytest.warns(UserWarning, match=r"zero training error was not reached.*Training samples 7 and 40 have the "
+                                         r"same input and different labels: no classifier separates them") as record:
+        _fit(tmp_path, Classifier(), x, y, max_epochs=3)
+    assert not any("Train longer" in str(w.message) for w in record)
+    assert _no_results(tmp_path)

@@ -131,9 +131,9 @@ def _labels_fit(tmp_path, model, x, y):
                                   lambda: ConvFCNet(in_channels=1, image_size=4, fc_depth=1, fc_width=3,
                                                     conv_channels=2, padding=1)])
 @pytest.mark.parametrize("labels, match", [
-    (torch.tensor([-1, 1] * 8), r"got labels -1/\+1 in the first training batch .* map them with `\(y \+ 1\) // 2`"),
+    (torch.tensor([-1, 1] * 8), r"got labels -1/\+1 in training batch 0 .* map them with `\(y \+ 1\) // 2`"),
     (torch.tensor([0.0, 1.0] * 8), r"needs integer class labels, got torch.float32 labels .* `y.long\(\)`"),
-    (torch.tensor([0, 1, 2, 3] * 4), r"one logit on labels 0/1, got labels \[0, 1, 2, 3\] .*num_classes=K"),
+    (torch.tensor([0, 1, 2, 3] * 4), r"one logit on labels 0/1 \(num_classes=1\), got labels \[0, 1, 2, 3\] .*num_classes=K"),
 ])
 def test_binary_models_refuse_bad_labels(tmp_path, make, labels, match):
     model = make()
@@ -144,10 +144,10 @@ def test_binary_models_refuse_bad_labels(tmp_path, make, labels, match):
 
 def test_multiclass_models_refuse_labels_out_of_range(tmp_path):
     conv = ConvFCNet(in_channels=1, image_size=4, fc_depth=1, fc_width=3, conv_channels=2, num_classes=3)
-    with pytest.raises(ValueError, match=r"ConvFCNet has 3 outputs, so labels must be in 0..2, got labels in 0..4"):
+    with pytest.raises(ValueError, match=r"ConvFCNet has 3 outputs \(num_classes=3\), so labels must be in 0..2, got label 4 \(labels in 0..4\) in training batch 0"):
         _labels_fit(tmp_path, conv, torch.randn(16, 1, 4, 4), torch.arange(16) % 5)
     skip = SkipNetwork.mlp(4, [5], 3, num_skip_units=0)
-    with pytest.raises(ValueError, match=r"SkipNetwork has 3 outputs, so labels must be in 0..2, got labels in -1..1"):
+    with pytest.raises(ValueError, match=r"SkipNetwork has 3 outputs \(num_classes=3\), so labels must be in 0..2, got label -1 \(labels in -1..1\)"):
         _labels_fit(tmp_path, skip, torch.randn(16, 4), torch.tensor([-1, 0, 1, 1] * 4))
     with pytest.raises(ValueError, match="SkipNetwork needs integer class labels, got torch.float64"):
         _labels_fit(tmp_path, skip, torch.randn(16, 4), torch.zeros(16, dtype=torch.float64))
@@ -305,3 +305,33 @@ def test_manual_optimization_resumes_as_the_uninterrupted_run(tmp_path):
     assert trainer.global_step == whole_trainer.global_step == 10
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make, shape, classes", [
+    (lambda: LeakyReLUMLP(in_features=4, widths=[3]), (4,), 2),
+    (lambda: ConvFCNet(in_channels=1, image_size=4, fc_depth=1, fc_width=3, conv_channels=2, num_classes=3),
+     (1, 4, 4), 3),
+    (lambda: SkipNetwork.mlp(4, [5], 3, num_skip_units=0), (4,), 3),
+])
+def test_a_label_out_of_range_in_a_later_batch_is_named(tmp_path, make, shape, classes):
+    y = torch.arange(24) % 2
+    y[21] = classes  # batch 2 of 8
+    with pytest.raises(ValueError, match=rf"labels must be in 0..{classes - 1}, got label {classes} .*in training "
+                                         r"batch 2|got labels \[0, 1, 2\] in training batch 2"):
+        _labels_fit(tmp_path, make(), torch.randn(24, *shape), y)
+
+
+def test_labels_of_shape_n_by_1_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"LeakyReLUMLP needs one class label per sample, a tensor of shape \(n,\), "
+                                         r"got labels of shape \(8, 1\) in training batch 0; .*`y.reshape\(-1\)`"):
+        _labels_fit(tmp_path, LeakyReLUMLP(in_features=4, widths=[3]), torch.randn(16, 4),
+                    (torch.arange(16) % 2)[:, None])
+
+
+def test_a_head_that_does_not_fit_num_classes_is_named(tmp_path):
+    model = LeakyReLUMLP(in_features=4, widths=[3])  # num_classes=1: one logit
+    model.net[-1] = torch.nn.Linear(3, 2)  # a head with two outputs
+    with pytest.raises(ValueError, match=r"LeakyReLUMLP declares num_classes=1 \(outputs of shape \(8,\) for a batch "
+                                         r"of 8\), but its network gives outputs of shape \(8, 2\); build it with "
+                                         r"num_classes=2"):
+        _labels_fit(tmp_path, model, torch.randn(16, 4), torch.arange(16) % 2)

@@ -188,13 +188,13 @@ def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
 
     data = DigitsDataModule(m=50, batch_size=50)
     tf32_like = UserClassifier(rounding=2e-3)  # outputs off by about TF32's rounding (a 10-bit mantissa)
-    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
     monkeypatch.setattr(module, "_reduced_float32_matmuls", lambda device: True)  # as after
     trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
         UserClassifier(rounding=2e-3), datamodule=data)
     for module_ in (UserClassifier(squash=True), UserClassifier(rounding=5e-2)):  # still too far off
-        with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+        with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
             trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(module_, datamodule=data)
 
 
@@ -226,7 +226,7 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
                                          r"UserClassifier.model has 3; the module must return the head's output"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(outputs=3), train_dataloaders=data.train_dataloader())
-    with pytest.raises(ValueError, match=r"output of UserClassifier is not the logit of its path part"):
+    with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
             UserClassifier(squash=True), datamodule=data)
     classes = DigitsDataModule(m=50, batch_size=50, task="multiclass")
@@ -344,8 +344,11 @@ def test_the_torch_solver_gives_the_numpy_analysis(tmp_path):
     [
         ({"every_n_epochs": 0}, "`every_n_epochs` must be a positive integer, got 0"),
         ({"batch_size": -1}, "`batch_size` must be a positive integer, got -1"),
-        ({"probe_size": -5}, "`probe_size` and `max_images` must be >= 0, got -5 and 16"),
-        ({"C": 0}, "`C` must be positive, got 0"),
+        ({"probe_size": -5}, "`probe_size` must be an integer >= 0, got -5"),
+        ({"max_images": -1}, "`max_images` must be an integer >= 0, got -1"),
+        ({"C": 0}, "`C` must be positive and finite, got 0"),
+        ({"C": float("nan")}, "`C` must be positive and finite, got nan"),
+        ({"every_n_epochs": -2}, "`every_n_epochs` must be a positive integer, got -2"),
         ({"delta": 1.0}, r"`delta` must be in \(0, 1\), got 1.0"),
         ({"kernel": "sparse"}, "`kernel` can be auto, dense, columns, got 'sparse'"),
         ({"solver": "gpu"}, "`solver` can be auto, numpy, torch, got 'gpu'"),

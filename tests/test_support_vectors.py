@@ -127,3 +127,31 @@ def test_labels_as_arrays_or_lists_give_the_tensor_analysis():
     expected = max_margin_decision(net, x[sv], y[sv], torch.from_numpy(alpha), x)
     torch.testing.assert_close(max_margin_decision(net, x[sv], y[sv].numpy(), alpha, x), expected)
     torch.testing.assert_close(max_margin_decision(net, x[sv], y[sv].tolist(), alpha.tolist(), x), expected)
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_an_analysis_that_cannot_fit_in_memory_is_refused_before_allocating(outputs):
+    """A 50,000-wide layer at m = 100,000: 40 GB of slopes; refused with the bytes and their use, before any."""
+    from lightning_nsv.multiclass import multiclass_support_vectors
+
+    net = PathNetwork.from_tensors([torch.randn(50_000, 2), torch.randn(outputs, 50_000)], None, [0.0], [1.0])
+    x, y = torch.randn(100_000, 2), torch.arange(100_000) % 2
+    analyse = network_support_vectors if outputs == 1 else multiclass_support_vectors
+    with pytest.raises(ValueError, match=r"the support-vector analysis needs about \d+\.\d GB for m=100,000 training "
+                                         r"samples: the activation slopes of every sample \(50,000 hidden units, 40.0 "
+                                         r"GB.*more than the .* GB of memory available; analyse fewer samples"):
+        analyse(net, x, y)
+
+
+def test_labels_of_shape_n_by_1_are_one_label_per_sample():
+    """(n, 1) labels times (n,) outputs broadcast to (n, n): a separable network was reported not separable."""
+    net = PathNetwork.from_tensors([torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, -1.0]])], None,
+                                   [0.0], [1.0])
+    x = torch.tensor([[2.0, 0.0], [0.0, 2.0], [3.0, 1.0], [1.0, 3.0]])
+    y = torch.tensor([1, 0, 1, 0])
+    flat = network_support_vectors(net, x, y)
+    column = network_support_vectors(net, x, y[:, None])
+    np.testing.assert_array_equal(column.svm.support_, flat.svm.support_)
+    with pytest.raises(ValueError, match=r"binary labels need one label per sample, shape \(n,\) or \(n, 1\), got "
+                                         r"\(4, 2\)"):
+        signed_labels(torch.nn.functional.one_hot(y, 2))

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +29,7 @@ from lightning_nsv.support_vectors import (
     SOLVERS,
     SupportVectorAnalysis,
     analysis_device,
+    conflicting_duplicates,
     network_support_vectors,
     serve_kernel_columns,
     signed_labels,
@@ -57,9 +61,19 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
         )
 
 
+def _check_integer(name: str, value: Any, low: int | None) -> None:
+    """Refuse a non-integer (a bool, a float such as 1.5, a string) or one below ``low``, as Lightning's own callbacks do."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}); pass e.g. {name}="
+                        f"{max(low or 0, 1)}")
+    if low is not None and value < low:
+        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"`{name}` must be {kind}, got {value}")
+
+
 def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
+        return batch[0], _label_vector(batch[1])
     raise TypeError(
         f"batches must be (inputs, labels) tuples for the support-vector analysis, got {type(batch).__name__}"
     )
@@ -78,8 +92,10 @@ class NetworkSupportVectors(Callback):
 
     The network is found with :func:`~lightning_nsv.extract.find_path_part`: the module's ``nn.Sequential``
     of Linear and ReLU/LeakyReLU layers (after an optional trunk ending with ``nn.Flatten``), or the
-    submodules named by ``path_module``/``embedding``. The module's output must be that head's logit; this is
-    checked on the first batch. Batches must be ``(inputs, labels)`` with labels 0/1 or ±1 for a head with one
+    submodules named by ``path_module``/``embedding``. The module's output must be that head's output; this is
+    checked on the first batch and at every analysis, on the ``HEAD_CHECK_SAMPLES`` training samples nearest the
+    decision boundary. A training set of one class is said and not analysed. Batches must be ``(inputs, labels)``
+    (labels of shape ``(n,)`` or ``(n, 1)``) with labels 0/1 or ±1 for a head with one
     output (its logit), or class labels ``0..K-1`` for a head with K >= 2 outputs (the class scores): then zero
     training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
     classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
@@ -126,8 +142,10 @@ class NetworkSupportVectors(Callback):
             else the CPU (MPS and other devices without float64); multi-class heads solve on the CPU.
 
     Raises:
+        TypeError: On arguments of the wrong type (``every_n_epochs=1.5``, ``intercept="no"``).
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
-            the module's output is not the head's logit; at the start of training when the training set is empty.
+            the module's output is not the head's (and at every analysis); at the start of training when the training
+            set is empty.
         UnsupportedNetworkError: At ``setup`` when the module has no supported path part.
         LightningPackageMismatch: At ``setup`` when the Trainer comes from the other Lightning package.
 
@@ -179,22 +197,31 @@ class NetworkSupportVectors(Callback):
         multiclass: Literal["exact", "ovr"] = "exact",
         solver: Literal["auto", "numpy", "torch"] = "auto",
     ) -> None:
-        for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
-                            ("max_dense_bytes", max_dense_bytes)):
-            if value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value}")
-        if probe_size < 0 or max_images < 0:
-            raise ValueError(f"`probe_size` and `max_images` must be >= 0, got {probe_size} and {max_images}")
-        if C <= 0:
-            raise ValueError(f"`C` must be positive, got {C}")
+        for name, value, low in (("every_n_epochs", every_n_epochs, 1), ("batch_size", batch_size, 1),
+                                 ("max_dense_bytes", max_dense_bytes, 1), ("probe_size", probe_size, 0),
+                                 ("max_images", max_images, 0), ("seed", seed, None)):
+            _check_integer(name, value, low)
+        for name, value in (("stop_on_zero_error", stop_on_zero_error), ("intercept", intercept)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}); a string "
+                                "such as 'false' would count as True")
+        for name, value in (("C", C), ("delta", delta)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
+        if not 0 < C < math.inf:
+            raise ValueError(f"`C` must be positive and finite, got {C}; the intercept protocol's default is 1e7")
         if not 0 < delta < 1:
-            raise ValueError(f"`delta` must be in (0, 1), got {delta}")
-        if kernel not in KERNEL_MODES:
-            raise ValueError(f"`kernel` can be {', '.join(KERNEL_MODES)}, got {kernel!r}")
-        if multiclass not in MULTICLASS_METHODS:
-            raise ValueError(f"`multiclass` can be {', '.join(MULTICLASS_METHODS)}, got {multiclass!r}")
-        if solver not in SOLVERS:
-            raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}; e.g. delta=0.05 for a 95% bound")
+        for name, value in (("path_module", path_module), ("embedding", embedding)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"`{name}` must be the dotted name of a submodule (e.g. 'head' or 'net.trunk') or None, "
+                                f"got {value!r}")
+        if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
+            raise TypeError(f"`save_dir` must be a path (str or os.PathLike) or None, got {save_dir!r}")
+        for name, value, choices in (("kernel", kernel, KERNEL_MODES), ("multiclass", multiclass, MULTICLASS_METHODS),
+                                     ("solver", solver, SOLVERS)):
+            if value not in choices:
+                raise ValueError(f"`{name}` can be {', '.join(choices)}, got {value!r}")
         self.multiclass = multiclass
         self.solver = solver
         self.kernel = kernel
@@ -223,6 +250,10 @@ class NetworkSupportVectors(Callback):
         self._diverged = False
         self._epoch: int | None = None
         self._previous_patterns: Tensor | None = None
+        self._mismatch: str | None = None  # the zero-error pass's head check, until the ranks agree on it
+        self._label_range: tuple[Any, Any] = (None, None)  # this rank's smallest and largest label at zero error
+        self._single_class: Any = None  # the one class of a training set that has only one
+        self._train_started = False
         # rows of X Xᵀ of the last support, reused by a repeated analysis (8·m·s bytes; not checkpointed)
         self._gram_cache = InputGramCache()
 
@@ -232,6 +263,11 @@ class NetworkSupportVectors(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
+        self._train_started, self._single_class = False, None
+        if self.save_dir is not None and Path(self.save_dir).exists() and not Path(self.save_dir).is_dir():
+            raise NotADirectoryError(f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}` is an existing file, so "
+                                     "no result could be saved there after training; name a directory (or None for "
+                                     "<log_dir>/nsv)")
         self._path = find_path_part(pl_module, self.path_module, self.embedding)
         _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
@@ -241,6 +277,7 @@ class NetworkSupportVectors(Callback):
             )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_started = True
         if trainer.fast_dev_run:
             rank_zero_info("NetworkSupportVectors: fast_dev_run, so the support-vector analysis is skipped")
             return
@@ -267,6 +304,10 @@ class NetworkSupportVectors(Callback):
                 "data module with `m` set to the samples you train on to analyse just those."
             )
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:
+            self._say_no_training_batches(trainer)
+
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == 0 and batch_idx == 0:
@@ -278,8 +319,8 @@ class NetworkSupportVectors(Callback):
         self._run_check(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.zero_error_epoch is not None or trainer.fast_dev_run:
-            return
+        if self.zero_error_epoch is not None or trainer.fast_dev_run or self._single_class is not None:
+            return  # analysed, skipped, or a training set of one class (said)
         dataset = self._train_dataset(trainer)
         wrong = self._count_errors(trainer, dataset, pl_module)
         epochs = trainer.current_epoch
@@ -294,8 +335,8 @@ class NetworkSupportVectors(Callback):
             return
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
-                      self._diverged else "Train longer (resume from the last checkpoint with a larger max_epochs), "
-                      "raise the learning rate or widen the network.")
+                      self._diverged else self._duplicates_said(dataset) or "Train longer (resume from the last "
+                      "checkpoint with a larger max_epochs), raise the learning rate or widen the network.")
             rank_zero_warn(
                 f"NetworkSupportVectors: zero training error was not reached within max_epochs={trainer.max_epochs} "
                 f"({wrong} of {len(dataset)} training samples misclassified at the end), so there are no network "
@@ -364,19 +405,27 @@ class NetworkSupportVectors(Callback):
                 f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {row} of the "
                 "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
             )
+        mismatch = self._module_mismatch(pl_module, x[:8], "the first training batch")
+        if mismatch is not None:
+            raise ValueError(mismatch)
+
+    def _module_mismatch(self, pl_module: pl.LightningModule, x: Tensor, where: str,
+                         indices: list[int] | None = None, scale: float = 0.0) -> str | None:
+        """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is.
+        ``scale``: the size of the head's outputs over the training set (samples near the boundary have small outputs
+        but the rounding of the sums that make them)."""
         with eval_mode(pl_module), torch.no_grad():
-            x = x[:8]
+            x = x.to(pl_module.device)
             output = pl_module(x).reshape(len(x), -1)
             head = _head_forward(self._path, x).reshape(len(x), -1)
+        module = type(pl_module).__name__
         if output.shape[1] != head.shape[1]:
-            raise ValueError(
-                f"the output of {type(pl_module).__name__} has {output.shape[1]} values per sample, but its path part "
-                f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged"
-            )
+            return (f"the output of {module} has {output.shape[1]} values per sample, but its path part "
+                    f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged")
         precision = output.dtype if output.is_floating_point() else torch.float32
         if precision not in (torch.float32, torch.float64):
             self._warn_once(
-                f"NetworkSupportVectors: {type(pl_module).__name__} computes in {precision}; the analysis evaluates "
+                f"NetworkSupportVectors: {module} computes in {precision}; the analysis evaluates "
                 "its head in float64 from these rounded weights, so its own outputs may differ in sign on samples "
                 "within rounding of the decision boundary. Train with precision='32-true' for an exact match."
             )
@@ -384,14 +433,59 @@ class NetworkSupportVectors(Callback):
         rtol = max(1e-4, 64 * eps)
         if precision == torch.float32 and _reduced_float32_matmuls(output.device):
             rtol = TF32_RTOL  # set_float32_matmul_precision("high"/"medium"): float32 products in TF32
-        scale = float(head.abs().max()) if len(head) else 1.0
-        close = torch.allclose(output.cpu().double(), head, rtol=rtol, atol=max(1e-5, rtol * scale))
-        if not close:
-            raise ValueError(
-                f"the output of {type(pl_module).__name__} is not the logit of its path part {self._path.name}; "
-                "the support-vector analysis reads that head, so the module must return it unchanged "
-                "(no sigmoid, no extra layers). Pass `path_module`/`embedding` naming the right submodules."
-            )
+        output = output.cpu().double()
+        scale = max(scale, float(head.abs().max()) if len(head) else 1.0)
+        far = ~torch.isclose(output, head, rtol=rtol, atol=max(1e-5, rtol * scale)).all(1)
+        if not bool(far.any()):
+            return None
+        row = int(far.nonzero()[0, 0])
+        sample = f"training sample {indices[row]}" if indices is not None else f"row {row} of {where}"
+        return (
+            f"NetworkSupportVectors: the output of {module} is not the output of its path part {self._path.name} "
+            f"({_values(output[row])} against {_values(head[row])} on {sample}, checked on {where}), so an analysis of "
+            "that head would not describe the module (it could report zero training error the module does not have). "
+            "Choices: make `forward` return the path part's output unchanged (no sigmoid, no extra layers, no "
+            "parameter added or multiplied outside it); name the parts with `path_module=`/`embedding=`; analysing "
+            "the whole network is a coming feature."
+        )
+
+    def _trustworthy(self, trainer: pl.Trainer) -> bool:
+        """After a zero-error pass on every rank: refuse a module whose output is not its head's (every analysis),
+        and say that a training set of one class is not analysed. Collective: every rank takes part."""
+        mismatch, self._mismatch = self._mismatch, None
+        if not trainer.strategy.reduce_boolean_decision(mismatch is None, all=True):
+            raise ValueError(mismatch or "NetworkSupportVectors: on another rank the module's output is not its "
+                             "path part's (see that rank's error)")
+        low, high = self._label_range
+        first = trainer.strategy.broadcast(low, src=0)
+        if not trainer.strategy.reduce_boolean_decision(low is None or low == high == first, all=True):
+            return True
+        self._single_class = first
+        self._warn_once(
+            f"NetworkSupportVectors: every training label is {_class_name(first, self._path.num_outputs)}: with one "
+            "class, zero training error only asks the network to give every sample that class, and the max-margin "
+            "classifier through the origin of one class has no second class to separate it from (its margin and "
+            "support vectors describe no decision boundary), so the support-vector analysis does not run and no "
+            "file is written. Check the data module's labels, split or filtering."
+        )
+        return False
+
+    def _say_no_training_batches(self, trainer: pl.Trainer) -> None:
+        """Lightning skips training on a loader without batches, before any hook of this callback runs."""
+        datamodule = trainer.datamodule
+        loader = trainer.train_dataloader
+        source = (f"the data module {type(datamodule).__name__}" if datamodule is not None
+                  else f"the {type(loader).__name__} passed to `fit`")
+        dataset = getattr(loader, "dataset", None)
+        try:
+            size = f"{len(dataset)} samples" if dataset is not None else "no dataset"
+        except TypeError:
+            size = "a dataset without a length"
+        rank_zero_warn(
+            f"NetworkSupportVectors: the training dataloader of {source} has no batches ({size}), so Lightning did "
+            "not train and there is nothing to analyse: no support-vector analysis ran and no file was written. Check "
+            "the data module's `m`, split and files (or `drop_last` with a batch size above the training set's size)."
+        )
 
     def _train_dataset(self, trainer: pl.Trainer) -> Dataset:
         datamodule = trainer.datamodule
@@ -438,14 +532,29 @@ class NetworkSupportVectors(Callback):
             reached = self._run_check(trainer, pl_module)
         finally:
             self._epoch = None
-        if not reached:
+        if not reached and self._single_class is None:
             dataset = self._train_dataset(trainer)
             wrong = self._count_errors(trainer, dataset, pl_module)
             rank_zero_warn(
                 f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
-                "samples, so there are no network support vectors; analyse a checkpoint taken at zero training error"
+                "samples, so there are no network support vectors; "
+                + (self._duplicates_said(dataset) or "analyse a checkpoint taken at zero training error")
             )
         return reached
+
+    def _duplicates_said(self, dataset: Dataset) -> str | None:
+        """Training samples with the same input and different labels, named, when there are any (no classifier
+        separates them, whatever the training)."""
+        n, size = len(dataset), self.batch_size
+        batches = ((x, self._labels(y)) for x, y in
+                   (_gather(dataset, list(range(i, min(i + size, n)))) for i in range(0, n, size)))
+        pairs = conflicting_duplicates(batches)
+        if not pairs:
+            return None
+        named = ", ".join(f"{i} and {j}" for i, j in pairs)
+        return (f"Training samples {named}{' (and more)' if len(pairs) == 5 else ''} have the same input and different "
+                "labels: no classifier separates them, so zero training error cannot be reached however long the "
+                "network trains. Remove or relabel the duplicates.")
 
     def _count_errors(self, trainer: pl.Trainer, dataset: Dataset, pl_module) -> int:
         """Misclassified training samples, each rank counting its shard, summed over the ranks."""
@@ -468,7 +577,7 @@ class NetworkSupportVectors(Callback):
             with eval_mode(pl_module), torch.no_grad():
                 clean = self._zero_error_here(trainer, dataset, net, pl_module)
         reached = trainer.strategy.reduce_boolean_decision(clean, all=True)
-        if not reached:
+        if not reached or not self._trustworthy(trainer):
             return False
         metrics = None
         directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
@@ -501,8 +610,9 @@ class NetworkSupportVectors(Callback):
         self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
-                keep: list | None = None) -> list[int]:
-        """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches."""
+                keep: list | None = None, margins: list | None = None) -> list[int]:
+        """Indices whose ``y·N(x) > 0`` fails (NaN counts as failing); ``keep`` collects the embedded batches,
+        ``margins`` each batch's margins and labels."""
         wrong, device = [], _analysis_device(pl_module)
         on_device = net.to(device)
         for start in range(0, len(indices), self.batch_size):
@@ -512,7 +622,14 @@ class NetworkSupportVectors(Callback):
             if keep is not None:
                 keep.append((embedded, y))
             outputs = forward_with_slopes(on_device, embedded)[0].cpu()
-            bad = ~(self._margins(outputs, y) > 0)
+            try:
+                margin = self._margins(outputs, y)
+            except ValueError as err:  # labels are checked in the first training batch only, by the callback
+                raise ValueError(f"NetworkSupportVectors: training samples {chunk[0]}..{chunk[-1]} (of the "
+                                 f"callback's pass in the dataset's order): {err}") from None
+            if margins is not None:
+                margins.append((margin, self._labels(y)))
+            bad = ~(margin > 0)
             if not torch.isfinite(outputs).all():
                 self._explain_non_finite(x, outputs, chunk, pl_module)
             wrong += [chunk[i] for i in torch.nonzero(bad).flatten().tolist()]
@@ -552,11 +669,21 @@ class NetworkSupportVectors(Callback):
             if wrong:
                 self._hard = wrong
                 return False
-        self._kept = []
-        wrong = self._errors(dataset, shard, net, pl_module, keep=self._kept if trainer.world_size == 1 else None)
+        self._kept, passed = [], []
+        wrong = self._errors(dataset, shard, net, pl_module, keep=self._kept if trainer.world_size == 1 else None,
+                             margins=passed)
         if wrong:
             self._hard, self._kept = wrong, []
             return False
+        margins, labels = (torch.cat(parts) for parts in zip(*passed)) if passed else (torch.zeros(0),) * 2
+        self._label_range = (labels.min().item(), labels.max().item()) if len(labels) else (None, None)
+        # the module against its head on the samples nearest the boundary, where a difference flips a sign
+        nearest = [shard[i] for i in torch.argsort(margins)[:HEAD_CHECK_SAMPLES].tolist()]
+        if nearest:
+            self._mismatch = self._module_mismatch(pl_module, _gather(dataset, nearest)[0], "the "
+                                                   f"{len(nearest)} training samples nearest its decision boundary "
+                                                   f"at epoch {self._current_epoch(trainer)}", nearest,
+                                                   float(margins.abs().max()))
         return True
 
     def _embedded_training_set(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
@@ -583,6 +710,8 @@ class NetworkSupportVectors(Callback):
         x_train, y_train = self._embedded_training_set(dataset, pl_module)
         val = self._val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
+        if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1]):
+            x_val = y_val = None
         m = len(y_train)
         how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
         epoch = self._current_epoch(trainer)
@@ -621,6 +750,25 @@ class NetworkSupportVectors(Callback):
         if net.num_outputs == 1:
             self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
         return {**metrics, "_support": analysis.svm.support_.tolist()}
+
+    def _usable_validation(self, x_val: Tensor, y_val: Tensor, features: int) -> bool:
+        """Whether the validation samples can be compared (before the analysis, which would otherwise fail at its end);
+        else a warning names the problem and the analysis runs without them."""
+        problem = None
+        if x_val.shape[1] != features:
+            problem = f"embed to {x_val.shape[1]} features, the training samples to {features}"
+        elif (row := _first_non_finite_row(x_val)) is not None:
+            problem = f"hold NaN/inf inputs (validation sample {row})"
+        else:
+            try:
+                self._labels(y_val)
+            except ValueError as err:
+                problem = f"have labels the head cannot read ({err})"
+        if problem is None:
+            return True
+        self._warn_once(f"NetworkSupportVectors: the validation samples {problem}, so the analysis runs without "
+                        "them (no `nsv/val_*` metrics); fix the validation data or leave out the validation loader.")
+        return False
 
     def _patterns_changed(self, net, x_train: Tensor) -> int | None:
         """Training samples whose activation pattern changed since the last analysis (None at the first)."""
@@ -761,9 +909,34 @@ def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, (tuple, list)) and len(tensors) >= 2:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return tensors[0][index], tensors[1][index]
+        return tensors[0][index], _label_vector(tensors[1][index])
     xs, ys = zip(*[_split_batch(dataset[i]) for i in indices])
-    return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
+    return torch.stack([torch.as_tensor(x) for x in xs]), _label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
+
+
+#: Training samples nearest the decision boundary on which every analysis checks the module's output against its head.
+HEAD_CHECK_SAMPLES = 64
+
+
+def _values(row: Tensor) -> str:
+    return ", ".join(f"{v:.6g}" for v in row[:4].tolist()) + (", ..." if len(row) > 4 else "")
+
+
+def _class_name(label: Any, num_outputs: int) -> str:
+    return f"class {int(label)}" if num_outputs > 1 else ("positive (1)" if label > 0 else "negative (0 or -1)")
+
+
+def _label_vector(y: Any) -> Any:
+    """Labels of shape ``(n, 1)`` as ``(n,)`` (a label times an output of shape ``(n,)`` would otherwise broadcast to
+    ``(n, n)``); other shapes of two or more dimensions (one-hot labels) are refused."""
+    if not isinstance(y, Tensor) or y.dim() < 2:
+        return y
+    if y.dim() == 2 and y.shape[1] == 1:
+        return y[:, 0]
+    raise ValueError(
+        f"NetworkSupportVectors needs one class label per sample, of shape (n,) or (n, 1), got labels of shape "
+        f"{tuple(y.shape)}; give class indices (`y.argmax(1)` of one-hot labels)"
+    )
 
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:

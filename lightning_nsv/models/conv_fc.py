@@ -47,8 +47,8 @@ class ConvFCNet(LeakyReLUMLP):
 
     Training is :class:`~lightning_nsv.models.mlp.LeakyReLUMLP`'s: the logistic loss on labels 0/1 with one
     logit (``num_classes=1``), or cross-entropy on labels ``0..K-1`` with ``num_classes=K >= 2`` (a network for
-    multiclass experiments; the support-vector analysis needs one logit). Labels are checked at the first batch
-    of every epoch. The optimizer is set by ``optimizer``, ``lr``, ``momentum`` and ``weight_decay``
+    multiclass experiments; the support-vector analysis needs one logit). Labels are checked in every batch.
+    The optimizer is set by ``optimizer``, ``lr``, ``momentum`` and ``weight_decay``
     (LightningCLI's ``--optimizer``, when given, replaces them; see ``LeakyReLUMLP``).
 
     Args:
@@ -70,8 +70,8 @@ class ConvFCNet(LeakyReLUMLP):
             at 0; otherwise PyTorch's default initialisation.
 
     Raises:
-        ValueError: When the trunk leaves no pixels for ``image_size``, or on sizes below 1; at the first batch
-            of an epoch, on labels that are not integers in ``0..max(1, num_classes-1)``.
+        ValueError: When the trunk leaves no pixels for ``image_size``, or on sizes below 1; in any batch
+            on labels that are not integers in ``0..max(1, num_classes-1)``.
 
     Logged metrics: ``train_loss``, ``train_error_running``, ``val_loss``, ``val_error``, ``test_loss``,
     ``test_error``, as ``LeakyReLUMLP`` (error = 1 − accuracy, micro-averaged over samples for K classes).

@@ -10,7 +10,7 @@ from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
 from torchmetrics.utilities import dim_zero_cat
 
-__all__ = ["EpochMetric", "StageMetrics", "check_labels"]
+__all__ = ["EpochMetric", "StageMetrics", "check_labels", "check_outputs"]
 
 
 class EpochMetric(Metric):
@@ -140,32 +140,53 @@ class StageMetrics(nn.Module):
         object.__setattr__(self, "_last_batch", None)
 
 
-def check_labels(y: Tensor, num_outputs: int, owner: str, stage: str) -> None:
-    """Raise ``ValueError`` unless ``y`` holds integer class labels for ``num_outputs`` outputs: 0/1 for one
-    logit, ``0..K-1`` for K >= 2 outputs."""
+def check_labels(y: Tensor, num_outputs: int, owner: str, stage: str, batch_idx: int = 0) -> None:
+    """Raise ``ValueError`` unless ``y`` holds integer class labels, one per sample, for ``num_outputs`` outputs: 0/1
+    for one logit, ``0..K-1`` for K >= 2 outputs. Cheap enough for every batch: one min/max of the labels."""
+    where = f"{stage} batch {batch_idx}"
     if y.is_floating_point() or y.is_complex():
         raise ValueError(
-            f"{owner} needs integer class labels, got {y.dtype} labels in the first {stage} batch; convert them "
+            f"{owner} needs integer class labels, got {y.dtype} labels in {where}; convert them "
             "with `y.long()` (hard labels only: the analyses read classes, not probabilities)"
         )
-    if y.numel() == 0:
+    if y.dim() != 1:
+        raise ValueError(
+            f"{owner} needs one class label per sample, a tensor of shape (n,), got labels of shape {tuple(y.shape)} "
+            f"in {where}; give class indices (`y.argmax(1)` of one-hot labels, `y.reshape(-1)` of (n, 1))"
+        )
+    if y.numel() == 0 or y.dtype == torch.bool:
         return
     k = 2 if num_outputs == 1 else num_outputs
-    low, high = int(y.min()), int(y.max())
+    low, high = (int(v) for v in torch.aminmax(y))
     if 0 <= low and high < k:
         return
     values = y.unique().tolist()
     if num_outputs == 1 and set(values) <= {-1, 1}:
         raise ValueError(
-            f"{owner} trains one logit on labels 0/1, got labels -1/+1 in the first {stage} batch (the logistic "
+            f"{owner} trains one logit on labels 0/1, got labels -1/+1 in {where} (the logistic "
             "loss with target -1 is not the loss of -1/+1 labels); map them with `(y + 1) // 2` (-1 -> 0, +1 -> 1)"
         )
     if num_outputs == 1:
         raise ValueError(
-            f"{owner} trains one logit on labels 0/1, got labels {values[:10]} in the first {stage} batch; for K "
-            "classes use K outputs (ConvFCNet(num_classes=K), SkipNetwork)"
+            f"{owner} trains one logit on labels 0/1 (num_classes=1), got labels {values[:10]} in {where}; for K "
+            "classes use K outputs (LeakyReLUMLP/ConvFCNet(num_classes=K), SkipNetwork)"
         )
+    bad = low if low < 0 else high
     raise ValueError(
-        f"{owner} has {k} outputs, so labels must be in 0..{k - 1}, got labels in {low}..{high} in the first "
-        f"{stage} batch; set the number of outputs to the number of classes or relabel to 0..{k - 1}"
+        f"{owner} has {k} outputs (num_classes={k}), so labels must be in 0..{k - 1}, got label {bad} (labels in "
+        f"{low}..{high}) in {where}; set num_classes to the number of classes or relabel to 0..{k - 1}"
+    )
+
+
+def check_outputs(logits: Tensor, num_outputs: int, owner: str, samples: int) -> None:
+    """Raise ``ValueError`` unless ``logits`` has the shape ``num_outputs`` declares: ``(n,)`` for one logit,
+    ``(n, K)`` for K classes (a head replaced after construction, a ``num_classes`` that does not fit it)."""
+    expected = (samples,) if num_outputs == 1 else (samples, num_outputs)
+    if tuple(logits.shape) == expected:
+        return
+    head = logits.shape[-1] if logits.dim() > 1 else 1
+    raise ValueError(
+        f"{owner} declares num_classes={num_outputs} (outputs of shape {expected} for a batch of {samples}), but its "
+        f"network gives outputs of shape {tuple(logits.shape)}; build it with num_classes={head} (1: one logit for "
+        f"two classes, K >= 2: one score per class) or give its last Linear layer {num_outputs} outputs"
     )

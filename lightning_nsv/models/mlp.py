@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import PlainHookAttributes, mlp_sequential
-from lightning_nsv.models.metrics import StageMetrics, check_labels
+from lightning_nsv.models.metrics import StageMetrics, check_labels, check_outputs
 
 OPTIMIZERS = ("sgd", "adam")
 STAGES = ("train", "val", "test")
@@ -19,8 +19,8 @@ class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
     """``f → Ω_1 → … → Ω_d → 1`` (or ``→ K``) with ``rho(z) = gamma·z (z >= 0), beta·z (z < 0)``.
 
     The network is ``self.net``, an ``nn.Sequential(Flatten, Linear, act, …, Linear)``: the path part that
-    :class:`~lightning_nsv.callbacks.NetworkSupportVectors` reads. Labels are integers 0/1 (checked at the
-    first batch of every epoch; ±1 labels are refused with the mapping to use); the loss is the logistic
+    :class:`~lightning_nsv.callbacks.NetworkSupportVectors` reads. Labels are integers 0/1 (checked in
+    every batch, one min/max; ±1 labels are refused with the mapping to use); the loss is the logistic
     loss ``log(1 + exp(−y·N(x)))`` with ``y = ±1``, i.e. binary cross-entropy on the logit.
 
     The optimizer is set by this module's own arguments (``optimizer``, ``lr``, ``momentum``,
@@ -50,8 +50,8 @@ class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
             saved with); LR schedulers are refused.
 
     Raises:
-        ValueError: On an unknown optimizer, a non-positive ``lr`` or ``init_std``; at the first batch of an
-            epoch, on labels that are not integers 0/1; with ``manual_optimization``, at the start of
+        ValueError: On an unknown optimizer, a non-positive ``lr`` or ``init_std``; in any batch, on labels
+            that are not integers 0/1 (0..K-1), and on outputs whose shape does not fit ``num_classes``; with ``manual_optimization``, at the start of
             training when LR schedulers are configured, and when resuming a checkpoint saved with the other
             setting.
 
@@ -122,14 +122,15 @@ class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
     def _step(self, batch: Any, batch_idx: int, stage: str) -> Tensor:
         x, y = batch[0], batch[1]
         metrics = getattr(self, f"{stage}_metrics")
+        check_labels(y, self.num_outputs, type(self).__name__, {"train": "training"}.get(stage, stage), batch_idx)
         if batch_idx == 0:
-            check_labels(y, self.num_outputs, type(self).__name__, {"train": "training"}.get(stage, stage))
             metrics.new_epoch()
             # metric objects, logged once per epoch: computed and reset by Lightning at the epoch's end
             error_key = "train_error_running" if stage == "train" else f"{stage}_error"
             self.log(f"{stage}_loss", metrics.loss, on_step=False, on_epoch=True, prog_bar=stage == "train")
             self.log(error_key, metrics.error, on_step=False, on_epoch=True, prog_bar=stage != "test")
         logits = self(x)
+        check_outputs(logits, self.num_outputs, type(self).__name__, len(y))
         loss = self._loss(logits, y)
         metrics.record(batch_idx, loss, logits, y)
         return loss

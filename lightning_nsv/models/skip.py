@@ -112,7 +112,7 @@ class SkipNetwork(pl.LightningModule):
     Raises:
         ValueError: On an unknown mode or optimizer, a non-positive ``lr``, ``num_skip_units`` out of range,
             a ``net`` that does not end with an ``nn.Linear`` of K >= 2 outputs or has no hidden layer, or
-            an input shape that cannot be inferred; at the first batch of an epoch, on labels that are not
+            an input shape that cannot be inferred; in any batch, on labels that are not
             integers in ``0..K-1``.
         TypeError: If ``net`` is none of the accepted kinds.
 
@@ -347,8 +347,8 @@ class SkipNetwork(pl.LightningModule):
     def _step(self, batch: Any, batch_idx: int, stage: str) -> Tensor:
         x, y = batch[0], batch[1]
         metrics = getattr(self, f"{stage}_metrics")
+        check_labels(y, self.num_classes, type(self).__name__, {"train": "training"}.get(stage, stage), batch_idx)
         if batch_idx == 0:
-            check_labels(y, self.num_classes, type(self).__name__, {"train": "training"}.get(stage, stage))
             metrics.new_epoch()
             # metric objects, logged once per epoch: computed and reset by Lightning at the epoch's end
             acc_key = "train_acc_running" if stage == "train" else f"{stage}_acc"
