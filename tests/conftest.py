@@ -2,14 +2,15 @@
 
 Tests and the code under test change process-wide settings: torch's and the BLAS libraries' thread counts
 (``--threads``, ``threadpool_limits``), the default dtype, float32 matmul precision, warning filters, logging
-levels and filters, environment variables (``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global
-random state. The fixture below records them before each test and puts back whatever changed, so the suite
+levels and filters (and ``logging.disable``), the rank Lightning's ``rank_zero_only`` logs for, environment
+variables (``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global random state. The fixture below records them before each test and puts back whatever changed, so the suite
 passes in any order (``python -m pytest -p randomly`` shuffles it; see the README).
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 import pytest
@@ -19,6 +20,12 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 def _blas_threads() -> list[tuple[str, str, int]]:
     return [(info["user_api"], info["filepath"], info["num_threads"]) for info in threadpool_info()]
+
+
+def _rank_zero_ranks() -> dict[object, object]:
+    """The rank that Lightning's ``rank_zero_only`` logs for, of each Lightning package imported (a Trainer sets it)."""
+    owners = [sys.modules.get(f"{package}.utilities.rank_zero") for package in ("lightning_fabric", "lightning.fabric")]
+    return {owner.rank_zero_only: getattr(owner.rank_zero_only, "rank", None) for owner in owners if owner is not None}
 
 
 def _logger_state() -> dict[str, tuple]:
@@ -43,7 +50,8 @@ def restore_process_state():
     deterministic = torch.are_deterministic_algorithms_enabled()
     rng = torch.get_rng_state()
     environ, cwd = dict(os.environ), os.getcwd()
-    filters, loggers = list(warnings.filters), _logger_state()
+    filters, loggers, disabled, ranks = list(warnings.filters), _logger_state(), logging.root.manager.disable, \
+        _rank_zero_ranks()
     yield
     torch.set_num_threads(threads)
     if _blas_threads() != blas:
@@ -59,3 +67,6 @@ def restore_process_state():
     warnings.filters[:] = filters
     warnings._filters_mutated()
     _restore_loggers(loggers)
+    logging.disable(disabled)
+    for decorator, rank in ranks.items():
+        decorator.rank = rank
