@@ -2,9 +2,11 @@
 
 Tests and the code under test change process-wide settings: torch's and the BLAS libraries' thread counts
 (``--threads``, ``threadpool_limits``), the default dtype, float32 matmul precision, warning filters, logging
-levels and filters (and ``logging.disable``), the rank Lightning's ``rank_zero_only`` logs for, environment
-variables (``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global random state. The fixture below records them before each test and puts back whatever changed, so the suite
-passes in any order (``python -m pytest -p randomly`` shuffles it; see the README).
+levels and filters (and ``logging.disable``), the rank Lightning's ``rank_zero_only`` logs for and the logger its
+``rank_zero_info`` writes to (importing the other Lightning package redirects it), environment variables
+(``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global random state. The fixture below records them
+before each test and puts back whatever changed, so the suite passes in any order (``python -m pytest`` shuffles
+it with pytest-randomly; see the README).
 """
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ def _rank_zero_ranks() -> dict[object, object]:
     """The rank that Lightning's ``rank_zero_only`` logs for, of each Lightning package imported (a Trainer sets it)."""
     owners = [sys.modules.get(f"{package}.utilities.rank_zero") for package in ("lightning_fabric", "lightning.fabric")]
     return {owner.rank_zero_only: getattr(owner.rank_zero_only, "rank", None) for owner in owners if owner is not None}
+
+
+def _rank_zero_log():
+    """lightning_utilities' rank-zero helpers log to the logger of the Lightning package imported last: importing
+    ``lightning.pytorch`` redirects ``pytorch_lightning``'s ``rank_zero_info`` away from the logger tests read."""
+    module = sys.modules.get("lightning_utilities.core.rank_zero")
+    return None if module is None else (module, module.log)
 
 
 def _logger_state() -> dict[str, tuple]:
@@ -52,6 +61,7 @@ def restore_process_state():
     environ, cwd = dict(os.environ), os.getcwd()
     filters, loggers, disabled, ranks = list(warnings.filters), _logger_state(), logging.root.manager.disable, \
         _rank_zero_ranks()
+    rank_zero_log = _rank_zero_log()
     yield
     torch.set_num_threads(threads)
     if _blas_threads() != blas:
@@ -70,3 +80,6 @@ def restore_process_state():
     logging.disable(disabled)
     for decorator, rank in ranks.items():
         decorator.rank = rank
+    if rank_zero_log is not None:
+        module, log = rank_zero_log
+        module.log = log
