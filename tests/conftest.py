@@ -75,7 +75,7 @@ def restore_process_state():
     os.environ.update(environ)
     os.chdir(cwd)
     warnings.filters[:] = filters
-    warnings._filters_mutated()
+    getattr(warnings, "_filters_mutated", lambda: None)()  # tells the C filter cache (private; absent elsewhere)
     _restore_loggers(loggers)
     logging.disable(disabled)
     for decorator, rank in ranks.items():
