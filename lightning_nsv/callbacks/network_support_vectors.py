@@ -24,9 +24,8 @@ from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.multiclass import class_labels, multiclass_support_vectors, pair_margins
 from lightning_nsv.path_space import InputGramCache, forward_with_slopes
+from lightning_nsv.solver.options import SolverOptions, check_choice
 from lightning_nsv.support_vectors import (
-    KERNEL_MODES,
-    SOLVERS,
     SupportVectorAnalysis,
     analysis_device,
     conflicting_duplicates,
@@ -218,10 +217,9 @@ class NetworkSupportVectors(Callback):
                                 f"got {value!r}")
         if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
             raise TypeError(f"`save_dir` must be a path (str or os.PathLike) or None, got {save_dir!r}")
-        for name, value, choices in (("kernel", kernel, KERNEL_MODES), ("multiclass", multiclass, MULTICLASS_METHODS),
-                                     ("solver", solver, SOLVERS)):
-            if value not in choices:
-                raise ValueError(f"`{name}` can be {', '.join(choices)}, got {value!r}")
+        SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
+        check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
+                     "binary ones")
         self.multiclass = multiclass
         self.solver = solver
         self.kernel = kernel
