@@ -18,8 +18,6 @@ Files, figures and the image grid: :mod:`~lightning_nsv.analysis.stability_image
 """
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -29,7 +27,7 @@ import torch
 
 from lightning_nsv.analysis.result import AnalysisResult
 from lightning_nsv.artifacts import ArtifactMismatchError, SupportVectorArtifact, load_support_vectors
-from lightning_nsv.atomic import write_text
+from lightning_nsv.experiment_io import write_csv
 
 # data-module arguments that decide how samples are loaded, not which: they may differ between compared runs
 LOADER_ARGS = ("batch_size", "num_workers", "download", "root")
@@ -208,7 +206,7 @@ class SupportSetComparison(AnalysisResult):
                  "n_support": self.n_support[r], "support_fraction": self.support_fraction[r],
                  "in_core": int(self.core.size), "only_this_run": int(alone[r].sum()),
                  **{f"jaccard_{q + 1}": float(jaccard[r, q]) for q in range(self.k)}} for r in range(self.k)]
-        return _write_csv(rows, path)
+        return write_csv(rows, path)
 
     def samples_to_csv(self, path: str | Path) -> Path:
         """One row per training sample: ``dataset_index`` (a position where no indices are recorded), ``label``,
@@ -216,7 +214,7 @@ class SupportSetComparison(AnalysisResult):
         columns = {f"sv_{name}".replace(" ", "_"): row for name, row in zip(self.names, self.membership)}
         rows = [{"dataset_index": int(index), "label": _label(self.labels[j]), "frequency": int(self.frequency[j]),
                  **{key: int(row[j]) for key, row in columns.items()}} for j, index in enumerate(self.train_indices)]
-        return _write_csv(rows, path)
+        return write_csv(rows, path)
 
 
 def _share(n: int, of: int) -> str:
@@ -229,14 +227,6 @@ def _samples(n: int) -> str:
 
 def _label(value: float) -> int:
     return int(round(float(value)))
-
-
-def _write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    buffer = io.StringIO(newline="")
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return write_text(path, buffer.getvalue())
 
 
 def compare_support_sets(
