@@ -122,7 +122,7 @@ def _bars(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[tuple[str, str
     if log:
         ax.set_yscale("log")
     else:
-        ax.set_ylim(0, 1.2)
+        ax.set_ylim(0, 1.4)
 
 
 def plot(rows: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], title: str) -> Any:
