@@ -39,15 +39,15 @@ def reference_descent(q: np.ndarray, alpha: np.ndarray) -> tuple[np.ndarray, np.
         blocking = (target <= 0) & keep
         if not blocking.any():
             return target[keep], np.flatnonzero(keep)
-        room = alpha[blocking] - target[blocking]
-        ratios = np.full(n, np.inf)
-        ratios[blocking] = np.where(room > 0, alpha[blocking] / np.where(room > 0, room, 1.0), 0.0)
-        first = int(np.argmin(ratios))
-        alpha = alpha + min(ratios[first], 1.0) * (target - alpha)
+        # the longest step towards the target that keeps α >= 0, member by member
+        steps = {k: (alpha[k] / (alpha[k] - target[k]) if alpha[k] > target[k] else 0.0)
+                 for k in np.flatnonzero(blocking)}
+        first = min(steps, key=lambda k: (steps[k], k))
+        alpha = alpha + min(steps[first], 1.0) * (target - alpha)
         alpha[first] = 0.0
-        new = np.flatnonzero(blocking & (alpha <= 1e-14 * alpha.max(initial=1.0)))
+        new = [k for k in steps if alpha[k] <= 1e-14 * alpha.max(initial=1.0)]
         alpha[new] = 0.0
-        alpha[keep] = np.clip(alpha[keep], 0.0, None)
+        alpha[keep] = np.maximum(alpha[keep], 0.0)
         dropped[new] = True
 
 
