@@ -29,7 +29,8 @@ def _skip_fit(tmp_path, skip_units: int, max_epochs: int = 2):
     x, y = torch.rand(20, 1, 4, 4, generator=g), torch.randint(3, (20,), generator=g)
     model = SkipNetwork.mlp(16, [8, 8, 8], 3, "softplus", num_skip_units=skip_units, skip_seed=0, lr=0.05)
     callbacks = [PsiRankMonitor(log_figure=False), LossValleyMonitor(surface_points=0, log_figure=False)]
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"),
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb", default_hp_metric=False)
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=logger,
                          callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, log_every_n_steps=1)
     trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=10))
@@ -124,6 +125,21 @@ def test_hparams_list_the_metrics_in_order_and_flag_non_default_hyperparameters(
     assert differs == {"model/widths", "model/lr", "data/m"}  # the rest keep their defaults
     names = {h.name for h in experiment.hparam_infos}
     assert "model/init_std" not in names and "data/batch_size" in names  # None left out, defaults kept
+
+
+def test_skip_monitors_register_their_headline_metrics_first(singular):
+    trainer, _ = singular
+    tags = [m.name.tag for m in _experiment(trainer.logger.log_dir).metric_infos]
+    assert tags[:6] == ["psi/rank", "psi/full_rank", "psi/sigma_min", "valley/lemma21_certified",
+                        "valley/escape_applies", "valley/assumption31_satisfied"]
+    assert "psi/condition_number" in tags and "valley/escape_target_norm" not in tags
+
+
+def test_a_logger_with_its_own_hparams_session_is_told_to_leave_it_out(tmp_path):
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")  # default_hp_metric=True
+    trainer = pl.Trainer(logger=logger, enable_progress_bar=False)
+    with pytest.warns(UserWarning, match="default_hp_metric=False"):
+        dashboard.register_hparams(trainer, {"model": LeakyReLUMLP(widths=[4])}, ["nsv/n_support"])
 
 
 def test_select_hparams_takes_the_keys_given_and_refuses_unknown_ones():

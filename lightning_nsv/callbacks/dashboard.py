@@ -21,6 +21,8 @@ import inspect
 import weakref
 from typing import Any, Iterable, Sequence
 
+from lightning_nsv.compat import rank_zero_warn
+
 __all__ = ["HEADLINE", "hparams_metrics", "log_scalars", "nsv_charts", "psi_charts", "register_hparams",
            "select_hparams", "tensorboard_writers", "valley_charts", "write_layout"]
 
@@ -206,6 +208,11 @@ def register_hparams(trainer: Any, sources: dict[str, Any], metric_tags: Sequenc
     writers = [w for w in tensorboard_writers(trainer.loggers) if w not in _HPARAMS_WRITTEN]
     if not writers or not metric_tags:
         return False
+    for logger in trainer.loggers:
+        if getattr(logger, "_default_hp_metric", False) and logger.experiment in writers:
+            rank_zero_warn(f"{type(logger).__name__}(default_hp_metric=True) registered its own HParams session "
+                           "(`hp_metric`) at the start of training, and TensorBoard shows the first one: pass "
+                           "default_hp_metric=False to the logger to see the analysis metrics in the HParams tab")
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
     from torch.utils.tensorboard.summary import hparams
 

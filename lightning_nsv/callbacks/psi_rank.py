@@ -6,7 +6,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_nsv.callbacks.dashboard import log_scalars, psi_charts, write_layout
+from lightning_nsv.callbacks.dashboard import hparams_metrics, log_scalars, psi_charts, register_hparams, write_layout
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
@@ -128,7 +128,8 @@ class _SkipNetworkMonitor(Callback):
     def _publish(self, trainer: pl.Trainer, pl_module: SkipNetwork, results: dict[str, Any] | None,
                  metrics: dict[str, float], directory: Any) -> None:
         """The numbers to ``callback_metrics`` on every rank and, on rank 0, to the loggers against the epoch, the
-        custom-scalars layout (once), the figures and the verdicts in the Text tab (``<prefix>report``)."""
+        custom-scalars layout and the HParams session (once per run), the figures and the verdicts in the Text tab
+        (``<prefix>report``)."""
         epoch = trainer.current_epoch if self._epoch is None else self._epoch
         logged = {self.prefix + key: value for key, value in self._logged(metrics).items()}
         for key, value in logged.items():
@@ -138,6 +139,7 @@ class _SkipNetworkMonitor(Callback):
             return
         write_layout(trainer)
         log_scalars(trainer, logged, epoch)
+        register_hparams(trainer, {"model": pl_module, "data": trainer.datamodule}, hparams_metrics(trainer, logged))
         sink = FigureSink(trainer.loggers, directory, type(self).__name__)
         if self.log_figure:
             for name in self._figures:
