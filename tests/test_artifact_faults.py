@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_nsv import atomic
-from lightning_nsv.artifacts import (ArtifactCorruptError, ArtifactMismatchError, content_sha256,
+from lightning_nsv.artifacts import (FORMAT_VERSION, ArtifactCorruptError, ArtifactMismatchError, content_sha256,
                                      load_support_vectors, network_outputs, reproduce, save_support_vectors)
 from lightning_nsv.path_space import PathNetwork
 
@@ -375,9 +375,10 @@ def test_a_json_without_its_pt_says_so(tmp_path):
 
 def test_a_pt_of_a_newer_format_asks_for_an_upgrade(tmp_path):
     pt = save_support_vectors(tmp_path, STEM, payload())
-    rewrite_pt(pt, lambda saved: saved.update(format_version=4), resign=True)
-    with pytest.raises(ArtifactMismatchError, match=f"{pt} was written in result format 4 by a newer lightning_nsv "
-                                                   r".*reads formats 2–3: upgrade lightning_nsv"):
+    newer = FORMAT_VERSION + 1
+    rewrite_pt(pt, lambda saved: saved.update(format_version=newer), resign=True)
+    with pytest.raises(ArtifactMismatchError, match=f"{pt} was written in result format {newer} by a newer "
+                                                   f"lightning_nsv .*reads formats 2–{FORMAT_VERSION}: upgrade "):
         load_support_vectors(pt)
 
 

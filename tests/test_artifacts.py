@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from lightning_nsv.artifacts import ArtifactMismatchError, load_support_vectors, save_support_vectors
+from lightning_nsv.artifacts import FORMAT_VERSION, ArtifactMismatchError, load_support_vectors, save_support_vectors
 from lightning_nsv.atomic import torch_save, write_text
 from lightning_nsv.path_space import PathNetwork
 
@@ -101,5 +101,5 @@ def test_files_that_are_not_results_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no support-vector result at"):
         load_support_vectors(tmp_path / "missing.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ArtifactMismatchError, match="is not a support-vector result of format 2–3"):
+    with pytest.raises(ArtifactMismatchError, match=f"is not a support-vector result of format 2–{FORMAT_VERSION}"):
         load_support_vectors(tmp_path / "other.pt")

@@ -169,7 +169,7 @@ def test_a_fit_stopped_before_max_epochs_writes_no_final_verdict(tmp_path, caplo
 
 
 def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
-    import lightning_nsv.callbacks.network_support_vectors as module
+    import lightning_nsv.callbacks.nsv_checks as module
 
     evaluated = []
     original = module.forward_with_slopes
@@ -184,7 +184,7 @@ def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
 
 
 def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
-    import lightning_nsv.callbacks.network_support_vectors as module
+    import lightning_nsv.callbacks.nsv_checks as module
 
     data = DigitsDataModule(m=50, batch_size=50)
     tf32_like = UserClassifier(rounding=2e-3)  # outputs off by about TF32's rounding (a 10-bit mantissa)
@@ -201,7 +201,7 @@ def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
 def test_tf32_is_read_through_the_new_precision_api():
     from types import SimpleNamespace
 
-    from lightning_nsv.callbacks.network_support_vectors import _reduced_float32_matmuls
+    from lightning_nsv.callbacks.nsv_checks import _reduced_float32_matmuls
 
     cuda = torch.device("cuda:0")
     assert not _reduced_float32_matmuls(torch.device("cpu"))
@@ -488,7 +488,7 @@ def test_a_ten_class_head_gets_the_multiclass_analysis(tmp_path):
 
 
 def test_the_solver_bar_shows_only_where_the_trainer_shows_one(capsys):
-    from lightning_nsv.callbacks.network_support_vectors import _SolverBar
+    from lightning_nsv.callbacks.nsv_outputs import _SolverBar
 
     hidden = _SolverBar(enabled=False, after=0.0)
     hidden(1, 3, 0.5)

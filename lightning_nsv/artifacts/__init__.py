@@ -8,7 +8,9 @@ replaced as one change (a failed or killed save leaves the previous pair loadabl
 The ``.pt`` holds what reproduces the result: support indices, α, labels, kernel scale, solver settings and
 tolerance, the state dict of the whole module (trunk included) with its class and init arguments, the data
 module's class and init arguments with the training indices, the network's outputs on up to 4096 training
-samples (which :func:`reproduce` compares), the package and torch versions, epoch and step.
+samples (which :func:`reproduce` compares), the package and torch versions, epoch and step, and the scope of the
+analysis: ``"head"`` (a Linear/Leaky-ReLU head after a fixed embedding; every file before format 4) or ``"whole"``
+(the whole traced module, with its scope line).
 
 Example::
 
@@ -20,13 +22,16 @@ Example::
 
 The modules: :mod:`~lightning_nsv.artifacts.format` (the payload, its checksum and checks),
 :mod:`~lightning_nsv.artifacts.store` (the atomic pair: save, load, recovery), :mod:`~lightning_nsv.artifacts.rebuild`
-(:func:`reproduce`). No Lightning import.
+(:func:`reproduce`), :mod:`~lightning_nsv.artifacts.whole` (whole-network results, ``scope == "whole"``: the
+payload keys of :func:`whole_network_payload`; no path network, the module's own outputs). No Lightning import.
 """
-from lightning_nsv.artifacts.format import (FORMAT_VERSION, OLDEST_READABLE, OUTPUT_SAMPLES, REQUIRED_KEYS,
+from lightning_nsv.artifacts.format import (FORMAT_VERSION, OLDEST_READABLE, OUTPUT_SAMPLES, REQUIRED_KEYS, SCOPES,
                                             ArtifactCorruptError, ArtifactMismatchError, SupportVectorArtifact,
                                             class_path, content_sha256, network_outputs, plain)
 from lightning_nsv.artifacts.rebuild import rebuild_module, reproduce
 from lightning_nsv.artifacts.store import load_support_vectors, save_support_vectors
+from lightning_nsv.artifacts.whole import module_outputs, whole_network_payload
 
 __all__ = ["ArtifactCorruptError", "ArtifactMismatchError", "SupportVectorArtifact", "content_sha256",
-           "load_support_vectors", "network_outputs", "reproduce", "save_support_vectors"]
+           "load_support_vectors", "module_outputs", "network_outputs", "reproduce", "save_support_vectors",
+           "whole_network_payload"]

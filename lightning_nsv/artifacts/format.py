@@ -20,8 +20,9 @@ from torch import Tensor
 from lightning_nsv import __version__
 from lightning_nsv.path_space import PathNetwork, forward_with_slopes
 
-FORMAT_VERSION = 3  # 3: the .pt carries the SHA-256 of its content and the network's outputs; 2: neither
-OLDEST_READABLE = 2
+FORMAT_VERSION = 4  # 4: a 'scope' ("head" or "whole"; older files are "head"); 3: the .pt carries the SHA-256 of
+OLDEST_READABLE = 2  # its content and the network's outputs; 2: neither
+SCOPES = ("head", "whole")  # a Linear/Leaky-ReLU head after a fixed embedding; the whole traced module (issue 32)
 OUTPUT_SAMPLES = 4096  # network outputs saved on at most this many training samples (evenly spaced)
 
 
@@ -68,7 +69,8 @@ def _json_value(value: Any) -> Any:
 
 _OPTIONAL_STR, _OPTIONAL_DICT = (str, type(None)), (dict, type(None))
 REQUIRED_KEYS: dict[str, tuple[type, ...]] = {
-    "id": (str,), "format_version": (int,), "support": (Tensor,), "alpha": (Tensor,), "intercept": (int, float), "labels": (Tensor,), "network": (dict,),
+    "id": (str,), "format_version": (int,), "support": (Tensor,), "alpha": (Tensor,), "intercept": (int, float), "labels": (Tensor,),
+    "network": _OPTIONAL_DICT,  # None in a whole-network result (its module_state holds every weight)
     "path_part": (str,), "path_module": _OPTIONAL_STR, "embedding": _OPTIONAL_STR, "module_class": _OPTIONAL_STR,
     "module_hparams": _OPTIONAL_DICT, "module_state": (dict,), "data_class": _OPTIONAL_STR,
     "data_hparams": _OPTIONAL_DICT, "train_indices": (Tensor, type(None)), "epoch": (int,), "global_step": (int,),
@@ -98,10 +100,7 @@ def _payload_problems(payload: Any) -> list[str]:
             0 <= int(support.min()) and int(support.max()) < m):
         problems.append(f"'support' must be indices in [0, {m}) (shape (s,), an integer dtype), "
                         f"got {support.dtype} of shape {tuple(support.shape)}")
-    network = payload["network"]
-    if not (isinstance(network.get("weights"), (list, tuple)) and network["weights"]
-            and all(isinstance(w, Tensor) for w in network["weights"])):
-        problems.append("'network' must hold 'weights', a list of tensors")
+    problems += _scope_problems(payload)
     outputs = payload.get("outputs")
     if outputs is not None and not (
             isinstance(outputs, Mapping) and isinstance(outputs.get("indices"), Tensor)
@@ -109,6 +108,30 @@ def _payload_problems(payload: Any) -> list[str]:
             and (not len(outputs["indices"]) or int(outputs["indices"].max()) < m)):
         problems.append("'outputs' must be a dict of 'indices' (n,) into the training set and 'values' (n,) or (n, K)")
     return problems
+
+
+def _scope_problems(payload: Mapping[str, Any]) -> list[str]:
+    """A head result holds its path network; a whole-network result none, but its scope line and outputs."""
+    scope, network = payload.get("scope", "head"), payload["network"]
+    if scope not in SCOPES:
+        return [f"'scope' must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}"]
+    if not isinstance(payload.get("scope_summary"), (str, type(None))):
+        return [f"'scope_summary' must be text, got a {type(payload['scope_summary']).__name__}"]
+    if scope == "whole":
+        problems = [] if network is None else [
+            "a whole-network result holds no 'network' (its module_state holds every weight): set it to None"]
+        problems += [f"a whole-network result analyses the whole module on its inputs: '{k}' must be None"
+                     for k in ("path_module", "embedding") if payload[k] is not None]
+        if not isinstance(payload.get("scope_summary"), str):
+            problems.append("a whole-network result must hold 'scope_summary', the scope line of its analysis")
+        if payload.get("outputs") is None:
+            problems.append("a whole-network result must hold 'outputs' (artifacts.module_outputs), which "
+                            "reproduce() compares")
+        return problems
+    if not (isinstance(network, Mapping) and isinstance(network.get("weights"), (list, tuple)) and network["weights"]
+            and all(isinstance(w, Tensor) for w in network["weights"])):
+        return ["'network' must hold 'weights', a list of tensors"]
+    return []
 
 
 def _portable(value: Any, where: str) -> Any:
@@ -166,11 +189,15 @@ def content_sha256(payload: Mapping[str, Any]) -> str:
     return digest.hexdigest()
 
 
+def output_indices(m: int, max_samples: int = OUTPUT_SAMPLES) -> Tensor:
+    """At most ``max_samples`` evenly spaced indices into ``m`` training samples (the first and the last included)."""
+    return torch.linspace(0, m - 1, min(m, max_samples)).round().to(torch.int64).unique()
+
+
 def network_outputs(net: PathNetwork, x: Tensor, max_samples: int = OUTPUT_SAMPLES) -> dict[str, Tensor]:
     """The network's outputs ``N(x_j)`` (float64) on at most ``max_samples`` evenly spaced training samples, with
     their indices: saved with a result, so :func:`reproduce` notices a network that computes something else."""
-    m = len(x)
-    indices = torch.linspace(0, m - 1, min(m, max_samples)).round().to(torch.int64).unique()
+    indices = output_indices(len(x), max_samples)
     with torch.no_grad():
         values = forward_with_slopes(net.to(x.device), x[indices.to(x.device)])[0]
     return {"indices": indices, "values": values.detach().to("cpu", torch.float64)}
@@ -193,6 +220,7 @@ def _summary(payload: Mapping[str, Any]) -> dict[str, Any]:
         "module": {"class": payload["module_class"], "path_part": payload["path_part"]},
         "versions": payload.get("versions"),
         "report": payload.get("report", ""),
+        **({"scope": payload["scope"], "scope_summary": payload.get("scope_summary")} if "scope" in payload else {}),
     })))
 
 
@@ -207,14 +235,19 @@ class SupportVectorArtifact:
         alpha: dual coefficients for the raw kernel, ``(m,)`` (binary) or ``(m, K)`` (multi-class, per pair
             ``(i, k)``), zero off the support.
         labels: training labels, in ``{-1, +1}`` for a binary head, ``0..K-1`` for a K-class head.
-        network: the path part at the analysed weights (float64).
+        network: the path part at the analysed weights (float64); ``None`` in a whole-network result.
         module_state: state dict of the whole module (trunk included).
         module_class, module_hparams: how to rebuild the module (``None`` when it records no init arguments).
         data_class, data_hparams, train_indices: how to rebuild the training set.
         solver: settings (intercept, C, kernel mode, tolerance, kernel scale, method).
         metrics: the logged numbers.
         outputs: the network's outputs on evenly spaced training samples (``indices``, ``values``), which
-            :func:`reproduce` compares; ``None`` in files of format 2.
+            :func:`reproduce` compares; ``None`` in files of format 2. A whole-network result holds the
+            module's own outputs (:func:`~lightning_nsv.artifacts.whole.module_outputs`).
+        scope: ``"head"`` (the path part after a fixed embedding; files before format 4) or ``"whole"`` (the whole
+            traced module, :func:`~lightning_nsv.analysis.whole_network_support_vectors`).
+        scope_summary: the scope line of the analysis ("whole network: 5 maps, 4 gate layers, …"); ``None`` where
+            the file records none.
     """
 
     path: Path
@@ -223,7 +256,7 @@ class SupportVectorArtifact:
     alpha: Tensor
     intercept: float
     labels: Tensor
-    network: PathNetwork
+    network: PathNetwork | None
     path_module: str | None
     embedding: str | None
     path_part: str
@@ -239,6 +272,8 @@ class SupportVectorArtifact:
     global_step: int = 0
     versions: dict = field(default_factory=dict)
     outputs: dict | None = field(default=None, repr=False)
+    scope: str = "head"
+    scope_summary: str | None = None
 
     @property
     def m(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -44,34 +44,34 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
     must agree to ``output_rtol · max(1, max |saved output|)`` (float64; the default 1e-6 allows the rounding of
     a float32 trunk run with other batch sizes; a trunk run in TF32 on a GPU may need 1e-3).
 
+    A whole-network result (``artifact.scope == "whole"``) is recomputed by
+    :func:`~lightning_nsv.artifacts.whole.reproduce_whole`: the module's own outputs compared, then
+    :func:`~lightning_nsv.analysis.whole_network_support_vectors` on the raw inputs; it returns a
+    ``WholeNetworkAnalysis`` (or ``WholeNetworkMulticlassAnalysis``).
+
     Raises:
         ArtifactMismatchError: when the rebuilt training set or network outputs differ from the saved ones.
     """
     from lightning_nsv.extract import find_path_part
-    from lightning_nsv.models.layers import eval_mode
     from lightning_nsv.multiclass import multiclass_support_vectors
-    from lightning_nsv.support_vectors import network_support_vectors, signed_labels
+    from lightning_nsv.support_vectors import network_support_vectors
 
     if not isinstance(artifact, SupportVectorArtifact):
         artifact = load_support_vectors(artifact)
-    if module is None:
-        module = rebuild_module(artifact)
-    else:
-        module.load_state_dict(artifact.module_state)
+    if artifact.scope == "whole":
+        from lightning_nsv.artifacts.whole import reproduce_whole
+
+        return reproduce_whole(artifact, module, datamodule, batch_size, output_rtol)
+    module = _rebuilt(artifact, module)
     datamodule = _rebuild_datamodule(artifact, datamodule)
     path = find_path_part(module, artifact.path_module, artifact.embedding)
 
     def embedded(dataset):
-        with eval_mode(module), torch.no_grad():
-            batches = (dataset[i:i + batch_size] for i in range(0, len(dataset), batch_size))
-            parts = [(path.embed(x), y) for x, y in batches]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return collect(dataset, module, path.embed, batch_size)
 
     x_train, y_train = embedded(datamodule.train_dataset)
     net = path.path_network()
-    labels = signed_labels(y_train) if net.num_outputs == 1 else y_train.to(torch.int64)
-    if not torch.equal(labels, artifact.labels):
-        raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
+    check_labels(artifact, y_train, net.num_outputs)
     if artifact.outputs is not None:
         _check_outputs(artifact, net, x_train, output_rtol)
     else:
@@ -86,6 +86,34 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
         net, x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
         kernel=solver["kernel"], max_dense_bytes=solver["max_dense_bytes"],
     )
+
+
+def _rebuilt(artifact: SupportVectorArtifact, module: torch.nn.Module | None) -> torch.nn.Module:
+    """``module`` with the saved weights, or the module rebuilt from the file."""
+    if module is None:
+        return rebuild_module(artifact)
+    module.load_state_dict(artifact.module_state)
+    return module
+
+
+def collect(dataset, module: torch.nn.Module, transform: Callable[[Tensor], Tensor],
+            batch_size: int) -> tuple[Tensor, Tensor]:
+    """``(transform(x), y)`` over a dataset sliced in batches (a ``TensorDataset``), ``module`` in eval mode."""
+    from lightning_nsv.models.layers import eval_mode
+
+    with eval_mode(module), torch.no_grad():
+        batches = (dataset[i:i + batch_size] for i in range(0, len(dataset), batch_size))
+        parts = [(transform(x), y) for x, y in batches]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def check_labels(artifact: SupportVectorArtifact, y_train: Tensor, num_outputs: int) -> None:
+    """The rebuilt training labels (±1 for one output, class indices for K) must be the saved ones."""
+    from lightning_nsv.support_vectors import signed_labels
+
+    labels = signed_labels(y_train) if num_outputs == 1 else y_train.to(torch.int64)
+    if not torch.equal(labels, artifact.labels):
+        raise ArtifactMismatchError("the rebuilt training labels differ from the saved ones")
 
 
 def _rebuild_datamodule(artifact: SupportVectorArtifact, datamodule: Any) -> Any:
@@ -104,11 +132,18 @@ def _rebuild_datamodule(artifact: SupportVectorArtifact, datamodule: Any) -> Any
 
 
 def _check_outputs(artifact: SupportVectorArtifact, net: PathNetwork, x_train: Tensor, rtol: float) -> None:
+    compare_outputs(artifact, x_train, lambda x: network_outputs(net, x, max_samples=len(x))["values"], rtol)
+
+
+def compare_outputs(artifact: SupportVectorArtifact, x_train: Tensor, outputs: Callable[[Tensor], Tensor],
+                    rtol: float) -> None:
+    """``outputs`` of the rebuilt network (float64) on the saved samples of ``x_train`` against the saved ones:
+    they must agree to ``rtol · max(1, max |saved output|)``; the refusal names the largest difference and where."""
     indices, saved = artifact.outputs["indices"], artifact.outputs["values"].to(torch.float64)
     if len(x_train) != artifact.m or (len(indices) and int(indices.max()) >= len(x_train)):
         raise ArtifactMismatchError(f"the rebuilt training set has {len(x_train)} samples, {artifact.path} "
                                     f"was analysed on {artifact.m}")
-    now = network_outputs(net, x_train[indices], max_samples=len(indices))["values"]
+    now = outputs(x_train[indices.to(x_train.device)])
     if now.shape != saved.shape:
         raise ArtifactMismatchError(f"the rebuilt network has outputs of shape {tuple(now.shape)}, {artifact.path} "
                                     f"saved {tuple(saved.shape)}")

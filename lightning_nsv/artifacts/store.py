@@ -41,7 +41,8 @@ def save_support_vectors(directory: str | Path, stem: str, payload: dict[str, An
     """Write ``<stem>.pt`` and ``<stem>.json`` with one id, as one change; returns the ``.pt`` path.
 
     ``payload`` must hold the keys of :class:`SupportVectorArtifact` (see :func:`load_support_vectors`); it may
-    hold ``outputs`` (:func:`network_outputs`), which :func:`reproduce` compares. The ``.pt`` records the
+    hold ``outputs`` (:func:`network_outputs`), which :func:`reproduce` compares, and ``scope`` (``"head"``, the
+    default, or ``"whole"``: :func:`~lightning_nsv.artifacts.whole.whole_network_payload`). The ``.pt`` records the
     SHA-256 of its content (:func:`content_sha256`); the ``.json`` is derived from the ``.pt``.
 
     The ``.json`` is renamed into place first, the ``.pt`` last (see :func:`lightning_nsv.atomic.replace_together`):
@@ -54,7 +55,7 @@ def save_support_vectors(directory: str | Path, stem: str, payload: dict[str, An
     _check_stem(stem)
     directory = Path(directory)
     pt, summary = directory / f"{stem}.pt", directory / f"{stem}.json"
-    payload = _portable({**payload, "id": uuid.uuid4().hex, "format_version": FORMAT_VERSION, "report": report,
+    payload = _portable({"scope": "head", **payload, "id": uuid.uuid4().hex, "format_version": FORMAT_VERSION, "report": report,
                          "versions": {"lightning_nsv": __version__, "torch": str(torch.__version__)}}, "payload")
     problems = _payload_problems(payload)
     if problems:
@@ -168,9 +169,10 @@ def load_support_vectors(path: str | Path) -> SupportVectorArtifact:
                           "and is loaded. The next save of this result cleans up", UserWarning, stacklevel=2)
             pt, summary = previous_pt, previous_summary
         payload = _load_pair(pt, summary)
-    net = payload["network"]
+    net, network = payload["network"], None
     try:
-        network = PathNetwork.from_tensors(net["weights"], net.get("biases"), net.get("betas"), net.get("gammas"))
+        if net is not None:
+            network = PathNetwork.from_tensors(net["weights"], net.get("biases"), net.get("betas"), net.get("gammas"))
     except (TypeError, ValueError, KeyError) as error:
         raise ArtifactMismatchError(f"{pt}: its 'network' does not describe a path network ({error})") from None
     return SupportVectorArtifact(
@@ -182,4 +184,5 @@ def load_support_vectors(path: str | Path) -> SupportVectorArtifact:
         data_hparams=payload["data_hparams"], train_indices=payload["train_indices"], solver=payload["solver"],
         metrics=payload["metrics"], epoch=int(payload["epoch"]), global_step=int(payload["global_step"]),
         versions=payload.get("versions", {}), outputs=payload.get("outputs"),
+        scope=payload.get("scope", "head"), scope_summary=payload.get("scope_summary"),
     )

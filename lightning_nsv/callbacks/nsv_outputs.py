@@ -1,0 +1,203 @@
+"""The outputs of :class:`~lightning_nsv.callbacks.NetworkSupportVectors`: what it prints around the fit, the saved
+artifact, the markdown report (TensorBoard's Text tab), the HParams registration and the figures."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors
+from lightning_nsv.callbacks.nsv_data import _gather
+from lightning_nsv.callbacks.sinks import FigureSink, log_directory
+from lightning_nsv.compat import pl, rank_zero_info
+from lightning_nsv.max_margin import solver_progress
+from lightning_nsv.sharded import ColumnSharing
+from lightning_nsv.support_vectors import SupportVectorAnalysis, uses_dense_kernel
+
+
+def _seconds(elapsed: float) -> str:
+    return f"{elapsed:.1f} s" if elapsed >= 1 else f"{elapsed * 1000:.0f} ms"
+
+
+class _SolverBar:
+    """A tqdm bar over the solver's iterations, shown once the analysis has run for ``after`` seconds and only
+    where the Trainer shows a progress bar."""
+
+    def __init__(self, enabled: bool, after: float = 2.0) -> None:
+        self.enabled, self.after, self.started, self.bar = enabled, after, time.perf_counter(), None
+
+    def __call__(self, iteration: int, free: int, violation: float) -> None:
+        if not self.enabled or time.perf_counter() - self.started < self.after:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(desc="max-margin solver", unit=" it", leave=False, dynamic_ncols=True)
+        self.bar.update(iteration - self.bar.n)
+        self.bar.set_postfix(free=free, violation=f"{violation:.1e}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _markdown_report(epoch: int, analysis: SupportVectorAnalysis) -> str:
+    rows = "\n".join(f"| `nsv/{key}` | {value:.6g} |" for key, value in analysis.to_metrics().items())
+    report = analysis.report().replace("\n", "  \n")
+    return f"**Network support vectors at epoch {epoch}**  \n{report}\n\n| metric | value |\n|---|---|\n{rows}"
+
+
+def _register_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
+    """Register the analysis metrics in TensorBoard's HParams tab (values are read from the scalars)."""
+    writers = [lg.experiment for lg in trainer.loggers
+               if callable(getattr(getattr(lg, "experiment", None), "_get_file_writer", None))]
+    if not writers:
+        return
+    from torch.utils.tensorboard.summary import hparams
+
+    params: dict[str, Any] = {}
+    for prefix, source in (("model", getattr(pl_module, "hparams", {})),
+                           ("data", getattr(trainer.datamodule, "hparams", {}))):
+        for key, value in dict(source or {}).items():
+            if not str(key).startswith("_"):
+                params[f"{prefix}/{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    summaries = hparams(params, {f"nsv/{key}": value for key, value in metrics.items()})
+    for writer in writers:
+        file_writer = writer._get_file_writer()
+        for summary in summaries:
+            file_writer.add_summary(summary)
+
+
+class AnalysisOutputs:
+    """What :class:`NetworkSupportVectors` prints, saves and logs at an analysis, a part of it (which holds the
+    settings read here and ``_path``, ``_labels``, ``_current_epoch``, ``_fit_max_margin`` and ``history``)."""
+
+    def _fit_with_progress(self, trainer, net, x_train: Tensor, y_train: Tensor, x_val, y_val,
+                           sharing: ColumnSharing | None, epoch: int) -> SupportVectorAnalysis:
+        """The max-margin fit, said before and after, with a solver bar where the Trainer shows a progress bar."""
+        m = len(y_train)
+        how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
+        self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
+                           f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
+        started = time.perf_counter()
+        bar = trainer.progress_bar_callback
+        progress = _SolverBar(enabled=bar is not None and getattr(bar, "is_enabled", False))
+        try:
+            with solver_progress(progress):
+                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val, sharing)
+        finally:
+            progress.close()
+        self.analysis = analysis
+        self._say(trainer, f"NetworkSupportVectors: analysis done in {_seconds(time.perf_counter() - started)}\n"
+                           + analysis.report())
+        return analysis
+
+    def _save_and_report(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis,
+                         y_train: Tensor, net, x_train: Tensor, epoch: int) -> FigureSink:
+        """Save the artifact and send the markdown report to the loggers; returns the sink of the figures."""
+        self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
+        sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
+        sink.text("nsv/report", _markdown_report(epoch, analysis), trainer.global_step)
+        return sink
+
+    def _log_figures(self, trainer, dataset, net, x_train: Tensor, y_train: Tensor, analysis: SupportVectorAnalysis,
+                     metrics: dict[str, float], epoch: int, sink: FigureSink) -> None:
+        """The approach to the max-margin classifier (from the second analysis on), the support vectors, and for a
+        binary head its decision boundaries and path weights."""
+        if self.history:
+            from lightning_nsv.plotting import plot_max_margin_approach
+
+            series = [*self.history, {"epoch": float(epoch), **metrics}]
+            sink.figure("nsv/max_margin_approach", plot_max_margin_approach(
+                [max(h["epoch"], 1.0) for h in series], [h["cosine_wbar_v"] for h in series],
+                [h.get("margin_ratio", float("nan")) for h in series])[0], trainer.global_step)
+        self._log_support_vectors(trainer, dataset, analysis, sink)
+        if net.num_outputs == 1:
+            self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
+
+    def _say(self, trainer: pl.Trainer, text: str) -> None:
+        """Print on lines of its own: through the progress bar where one is shown, else the rank-zero log."""
+        bar = trainer.progress_bar_callback
+        if bar is not None and getattr(bar, "is_enabled", False) and callable(getattr(bar, "print", None)):
+            bar.print(text)
+        else:
+            rank_zero_info(text)
+
+    def _output_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.save_dir) if self.save_dir else log_directory(trainer) / "nsv"
+
+    def _save(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis, y_train: Tensor,
+              net, x_train: Tensor) -> Path:
+        datamodule = trainer.datamodule
+        source = getattr(datamodule, "train_indices", None)
+        module_hparams = getattr(pl_module, "hparams", None)
+        payload = {
+            "support": torch.from_numpy(analysis.svm.support_),
+            "alpha": torch.from_numpy(analysis.svm.alpha_),
+            "intercept": getattr(analysis.svm, "intercept_", 0.0),
+            "labels": self._labels(y_train),
+            "num_outputs": net.num_outputs,
+            "network": {"weights": list(net.weights), "biases": None if net.biases is None else list(net.biases),
+                        "betas": list(net.betas), "gammas": list(net.gammas)},
+            "path_part": self._path.name,
+            "path_module": self.path_module,
+            "embedding": self.embedding,
+            "module_class": class_path(pl_module),
+            "module_hparams": plain(dict(module_hparams)) if module_hparams else None,
+            "module_state": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
+            "data_class": class_path(datamodule),
+            "data_hparams": plain(dict(datamodule.hparams)) if getattr(datamodule, "hparams", None) else None,
+            "train_indices": None if source is None else torch.as_tensor(source),
+            "epoch": self._current_epoch(trainer),
+            "global_step": trainer.global_step,
+            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
+                       "backend": getattr(analysis, "solver_backend", "numpy"),  # multi-class: the CPU
+                       "multiclass": self.multiclass, "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
+                       "kernel_scale": getattr(analysis.svm, "kernel_scale", None),
+                       "C_effective": getattr(analysis.svm, "C_effective", None),
+                       "kkt_residual": analysis.svm.kkt_residual, "iterations": getattr(analysis.svm, "iterations", 0)},
+            "metrics": analysis.to_metrics(),
+            "outputs": network_outputs(net, x_train),  # reproduce() compares them
+        }
+        return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
+                                    report=analysis.report())
+
+    def _log_support_vectors(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
+        from lightning_nsv.plotting import alpha_histogram, image_grid, short_number
+
+        support = analysis.svm.support_
+        per_sample = analysis.svm.alpha_.reshape(len(analysis.svm.alpha_), -1).sum(1)  # Σ_k α_(i,k) multi-class
+        alpha = per_sample[support]
+        step = trainer.global_step
+        sink.histogram("nsv/log10_alpha", np.log10(alpha[alpha > 0]), step)  # α spans decades: a log axis
+        sink.figure("nsv/alpha_histogram", alpha_histogram(alpha)[0], step)
+        order = support[alpha.argsort()[::-1][: self.max_images]]
+        if not len(order):
+            return
+        images, labels = _gather(dataset, [int(i) for i in order])
+        if images.dim() != 4:
+            return
+        if analysis.svm.alpha_.ndim > 1:  # grouped by class, the largest α first within each
+            grouped = sorted(range(len(order)), key=lambda j: (int(labels[j]), -per_sample[order[j]]))
+            order, images, labels = order[grouped], images[grouped], labels[grouped]
+        titles = [f"y={int(c)} α={short_number(a)}" for c, a in zip(labels, per_sample[order])]
+        figure = image_grid(images, titles, total=len(support), max_images=self.max_images)[0]
+        sink.figure("nsv/support_vectors", figure, step)
+
+    def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
+                          analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
+        """Decision boundaries of network and SVM for 2-D inputs; the signed weights of small networks."""
+        from lightning_nsv.plotting import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
+
+        if x_train.shape[1] == 2:
+            svm, sv = analysis.svm, analysis.svm.support_
+            grid = decision_grid(net, x_train[sv], y_train[sv], svm.alpha_[sv], svm.intercept_,
+                                 extent=data_extent(x_train), resolution=150)
+            sink.figure("nsv/decision_boundaries", plot_decision_boundaries(grid, x_train, y_train, sv)[0],
+                        trainer.global_step)
+        if sum(w.numel() for w in net.weights) <= 400:
+            sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
