@@ -170,3 +170,41 @@ def test_summary_card_marks_a_vacuous_bound():
     assert "vacuous (> 1)" in texts and "solved" in texts and "—" in texts  # no validation: no agreement
     texts = _card_texts({**metrics, "compression_bound": 0.4, "kkt_residual": 1e-3})
     assert "vacuous (> 1)" not in texts and "test-error bound" in texts and "not solved!" in texts
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A digits MLP trained past zero training error, analysed every 2 epochs."""
+    from lightning_nsv.callbacks import NetworkSupportVectors
+
+    pl.seed_everything(0)
+    callback = NetworkSupportVectors(stop_on_zero_error=False, every_n_epochs=2)
+    logger = pl.loggers.TensorBoardLogger(tmp_path_factory.mktemp("tracked"), name="tb", default_hp_metric=False)
+    trainer = pl.Trainer(max_epochs=32, logger=logger, callbacks=[callback], enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01),
+                datamodule=DigitsDataModule(m=200, seed=0, batch_size=50))
+    assert len(callback.history) >= 2
+    events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0, "images": 0}).Reload()
+    return trainer, callback, events
+
+
+def test_nsv_metrics_draw_one_point_per_analysis_against_the_epoch(tracked):
+    trainer, callback, events = tracked
+    epochs = [int(h["epoch"]) for h in callback.history]
+    for tag in ("nsv/n_support", "nsv/margin_ratio", "nsv/zero_error_reached"):
+        assert [e.step for e in events.Scalars(tag)] == epochs, tag  # no second dot at the global step
+    assert [e.value for e in events.Scalars("nsv/n_support")] == [h["n_support"] for h in callback.history]
+    assert float(trainer.callback_metrics["nsv/n_support"]) == callback.history[-1]["n_support"]
+
+
+def test_nsv_layout_summary_card_and_hparams(tracked):
+    trainer, callback, events = tracked
+    (category,) = _layout(events).category
+    assert category.title == "support vectors"
+    scalars = events.Tags()["scalars"]
+    charted = {t for chart in category.chart for r in chart.multiline.tag for t in scalars if re.match(r, t)}
+    assert {f"nsv/{k}" for k in dashboard.HEADLINE} <= charted
+    assert len(events.Images("nsv/summary")) == len(callback.history)  # a card at each analysis
+    tags = [m.name.tag for m in _experiment(trainer.logger.log_dir).metric_infos]
+    assert tags[:7] == [f"nsv/{k}" for k in dashboard.HEADLINE] and "nsv/svm_margin" in tags
