@@ -111,7 +111,7 @@ def _experiment(log_dir) -> HParamsPluginData:
     return HParamsPluginData.FromString(content).experiment
 
 
-def test_hparams_list_the_metrics_in_order_and_flag_non_default_hyperparameters(tmp_path):
+def test_hparams_list_the_metrics_in_order_and_the_non_default_hyperparameters(tmp_path):
     logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb", default_hp_metric=False)
     trainer = pl.Trainer(logger=logger, enable_progress_bar=False)
     model, data = LeakyReLUMLP(widths=[4], lr=0.1), DigitsDataModule(m=300)
@@ -121,10 +121,11 @@ def test_hparams_list_the_metrics_in_order_and_flag_non_default_hyperparameters(
     logger.experiment.flush()
     experiment = _experiment(logger.log_dir)
     assert [m.name.tag for m in experiment.metric_infos] == tags
-    differs = {h.name for h in experiment.hparam_infos if h.differs}
-    assert differs == {"model/widths", "model/lr", "data/m"}  # the rest keep their defaults
-    names = {h.name for h in experiment.hparam_infos}
-    assert "model/init_std" not in names and "data/batch_size" in names  # None left out, defaults kept
+    assert {h.name for h in experiment.hparam_infos} == {"model/widths", "model/lr", "data/m"}  # not defaults
+    events = EventAccumulator(str(logger.log_dir)).Reload()
+    content = events.SummaryMetadata("_hparams_/session_start_info").plugin_data.content
+    recorded = HParamsPluginData.FromString(content).session_start_info.hparams
+    assert "data/batch_size" in recorded and "model/init_std" not in recorded  # all that are set, None left out
 
 
 def test_skip_monitors_register_their_headline_metrics_first(singular):
@@ -204,7 +205,18 @@ def test_nsv_layout_summary_card_and_hparams(tracked):
     assert category.title == "support vectors"
     scalars = events.Tags()["scalars"]
     charted = {t for chart in category.chart for r in chart.multiline.tag for t in scalars if re.match(r, t)}
-    assert {f"nsv/{k}" for k in dashboard.HEADLINE} <= charted
+    assert {f"nsv/{k}" for k in dashboard.HEADLINE} | {"nsv/support_jaccard_previous"} <= charted
+    for chart in category.chart:  # a binary head: no chart of s per class, which would stay empty
+        assert any(re.match(r, t) for r in chart.multiline.tag for t in scalars), chart.title
     assert len(events.Images("nsv/summary")) == len(callback.history)  # a card at each analysis
     tags = [m.name.tag for m in _experiment(trainer.logger.log_dir).metric_infos]
     assert tags[:7] == [f"nsv/{k}" for k in dashboard.HEADLINE] and "nsv/svm_margin" in tags
+
+
+def test_chart_regexes_are_anchored():
+    _, charts = dashboard.nsv_charts("nsv/", per_class=True)
+    (per_class,) = charts["s per class"][1]
+    assert re.match(per_class, "nsv/n_support_class3") and not re.match(per_class, "nsv/n_support")
+    (s,) = charts["s: network support vectors"][1]
+    assert re.match(s, "nsv/n_support") and not re.match(s, "nsv/n_support_class0")
+    assert "s per class" not in dashboard.nsv_charts("nsv/")[1]

@@ -1,7 +1,8 @@
 """Screenshots of TensorBoard's dashboards for a log directory, taken with headless Chromium.
 
 Starts ``tensorboard --logdir LOGDIR --host 127.0.0.1 --port <free port>`` (this machine only), waits until it
-lists the runs, opens each dashboard (custom scalars, HParams, time series, scalars, images, text by default) in
+lists the runs, opens each dashboard (custom scalars, HParams, time series, scalars, images, the images filtered to the
+``nsv/summary`` cards, text by default) in
 headless Chromium, writes ``<out>/<dashboard>.png`` and stops the server, also when a step fails or times out.
 
     python tools/tensorboard_screenshots.py runs/digits_mlp --out /tmp/shots
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Sequence
 
 DASHBOARDS = {"custom_scalars": "#custom_scalars&_smoothingWeight=0", "hparams": "#hparams",
-              "timeseries": "#timeseries", "scalars": "#scalars&_smoothingWeight=0", "images": "#images", "text": "#text"}
+              "timeseries": "#timeseries", "scalars": "#scalars&_smoothingWeight=0", "images": "#images",
+              "summary_card": "#images&tagFilter=summary", "text": "#text"}
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -44,21 +44,25 @@ def _escape(tag: str) -> str:
     return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\" else c for c in tag)
 
 
-def nsv_charts(prefix: str = "nsv/") -> tuple[str, dict[str, list[Any]]]:
-    """The "support vectors" category: s, s/m, margin ratio, cosine, agreement, KKT residual and bound."""
-    per_class = f"^{_escape(prefix)}n_support_class\\d+$"
-    return "support vectors", {
+def nsv_charts(prefix: str = "nsv/", per_class: bool = False,
+               repeated: bool = False) -> tuple[str, dict[str, list[Any]]]:
+    """The "support vectors" category: s, s/m, margin ratio, cosine, agreement, KKT residual and bound; s per class
+    for a K-class head (``per_class``), the overlap with the previous support set for repeated analyses."""
+    charts = {
         "s: network support vectors": ["Multiline", _tags(prefix, "n_support")],
-        "s per class (K-class heads)": ["Multiline", [per_class]],
         "s/m": ["Multiline", _tags(prefix, "support_fraction")],
         "margin ratio: network margin / max margin (1 = max margin)": ["Multiline", _tags(prefix, "margin_ratio")],
         "cosine(w̄, v) in path space (1 = max-margin direction)": ["Multiline", _tags(prefix, "cosine_wbar_v")],
         "validation agreement of network and SVM": ["Multiline", _tags(prefix, "val_agreement")],
         "KKT residual of the max-margin solve (≈ 0 = solved)": ["Multiline", _tags(prefix, "kkt_residual")],
         "compression bound (vacuous above 1)": ["Multiline", _tags(prefix, "compression_bound")],
-        "support set against the previous analysis (Jaccard)": ["Multiline",
-                                                                 _tags(prefix, "support_jaccard_previous")],
     }
+    if per_class:
+        charts["s per class"] = ["Multiline", [f"^{_escape(prefix)}n_support_class\\d+$"]]
+    if repeated:
+        charts["support set against the previous analysis (Jaccard)"] = [
+            "Multiline", _tags(prefix, "support_jaccard_previous")]
+    return "support vectors", charts
 
 
 def psi_charts(prefix: str = "psi/") -> tuple[str, dict[str, list[Any]]]:
@@ -158,12 +162,13 @@ def _same(value: Any, default: Any) -> bool:
 def select_hparams(sources: dict[str, Any], keys: Sequence[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The hyperparameters of the HParams table and those shown first.
 
-    Which hyperparameters vary can only be known across runs, and each run writes its own HParams session; so
-    every one that is set (not None) is registered, as ``<source>/<name>`` (``model/lr``, ``data/batch_size``),
-    and those flagged as varying are the columns TensorBoard shows first (it shows five by default; the others are
-    one tick away in its left panel): ``keys`` when given (the user knows what the runs vary), else the values that
-    differ from their class's default (a value left at its default is, in a family of runs, most often left there
-    in all of them: the batch size, the label noise of a data module), and arguments without one.
+    Which hyperparameters vary can only be known across runs, while each run writes its own HParams session (and
+    TensorBoard takes the columns from one of them); so the columns are those a run can tell: ``keys`` when given
+    (the user knows what the runs vary), else the values that differ from their class's default, and arguments
+    without one (a value left at its default is, in a family of runs, most often left there in all of them: the
+    batch size, the label noise of a data module). Every hyperparameter that is set (not None) is returned, as
+    ``<source>/<name>`` (``model/lr``, ``data/batch_size``). The limit: a run that keeps a default another run
+    changes (``lr`` in one run only) has no column for it when TensorBoard takes the first run's; pass ``keys``.
 
     Args:
         sources: ``{"model": module, "data": datamodule}``; objects with ``hparams`` (None ones skipped).
@@ -196,8 +201,10 @@ def select_hparams(sources: dict[str, Any], keys: Sequence[str] | None = None) -
 
 def register_hparams(trainer: Any, sources: dict[str, Any], metric_tags: Sequence[str],
                      keys: Sequence[str] | None = None) -> bool:
-    """One HParams session per TensorBoard writer: the hyperparameters of :func:`select_hparams`, the flagged ones
-    first, and ``metric_tags`` as the metric columns in their order (the table reads each one's last scalar).
+    """One HParams session per TensorBoard writer: the flagged hyperparameters of :func:`select_hparams` as the
+    table's columns (every one that is set is in the session's record), and ``metric_tags`` as the metric columns in
+    their order (the table reads each one's last scalar). TensorBoard shows five hyperparameter columns, then five
+    metric columns: with only the flagged ones, the headline metrics are on screen.
 
     Written through the writer's event file, not through the public routes, which each break one of these:
     ``SummaryWriter.add_hparams`` writes a separate run next to the logger's, and ``log_hyperparams(params, metrics)``
@@ -213,16 +220,12 @@ def register_hparams(trainer: Any, sources: dict[str, Any], metric_tags: Sequenc
             rank_zero_warn(f"{type(logger).__name__}(default_hp_metric=True) registered its own HParams session "
                            "(`hp_metric`) at the start of training, and TensorBoard shows the first one: pass "
                            "default_hp_metric=False to the logger to see the analysis metrics in the HParams tab")
-    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
     from torch.utils.tensorboard.summary import hparams
 
     params, flagged = select_hparams(sources, keys)
-    experiment, start, end = hparams(params, {tag: 0.0 for tag in metric_tags})
-    content = experiment.value[0].metadata.plugin_data
-    data = HParamsPluginData.FromString(content.content)
-    for info in data.experiment.hparam_infos:  # TensorBoard lists the flagged ("differs") ones first
-        info.differs = info.name in flagged
-    content.content = data.SerializeToString()
+    metrics = {tag: 0.0 for tag in metric_tags}  # names only: the table reads the values from the scalars
+    experiment = hparams({name: params[name] for name in flagged}, metrics)[0]
+    start, end = hparams(params, metrics)[1:]
     for writer in writers:
         file_writer = getattr(writer, "file_writer", None) or writer._get_file_writer()
         for summary in (experiment, start, end):

@@ -125,7 +125,8 @@ class AnalysisOutputs:
 
     def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
         """The "support vectors" category of the custom-scalars layout."""
-        return nsv_charts("nsv/")
+        per_class = self._path is not None and self._path.num_outputs > 1
+        return nsv_charts("nsv/", per_class=per_class, repeated=not self.stop_on_zero_error)
 
     def dashboard_headline(self) -> list[str]:
         """The tags the HParams table shows as its first metric columns."""
