@@ -1,7 +1,7 @@
 """TensorBoard dashboards: the custom-scalars layout, scalars against the epoch, the Text tab's verdicts, HParams
 and the summary card."""
 import re
-from pathlib import Path
+import warnings
 
 import pytest
 import torch
@@ -139,8 +139,15 @@ def test_skip_monitors_register_their_headline_metrics_first(singular):
 def test_a_logger_with_its_own_hparams_session_is_told_to_leave_it_out(tmp_path):
     logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")  # default_hp_metric=True
     trainer = pl.Trainer(logger=logger, enable_progress_bar=False)
+    model = LeakyReLUMLP(widths=[4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing logged yet: nothing to say
+        dashboard.register_hparams(trainer, {"model": model}, ["nsv/n_support"])
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")
+    logger.log_hyperparams(dict(model.hparams))  # what Lightning does at the start of fit: an hp_metric session
+    trainer = pl.Trainer(logger=logger, enable_progress_bar=False)
     with pytest.warns(UserWarning, match="default_hp_metric=False"):
-        dashboard.register_hparams(trainer, {"model": LeakyReLUMLP(widths=[4])}, ["nsv/n_support"])
+        dashboard.register_hparams(trainer, {"model": model}, ["nsv/n_support"])
 
 
 def test_select_hparams_takes_the_keys_given_and_refuses_unknown_ones():

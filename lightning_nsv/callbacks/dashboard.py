@@ -216,7 +216,9 @@ def register_hparams(trainer: Any, sources: dict[str, Any], metric_tags: Sequenc
     if not writers or not metric_tags:
         return False
     for logger in trainer.loggers:
-        if getattr(logger, "_default_hp_metric", False) and logger.experiment in writers:
+        # Lightning logs the hyperparameters at the start of fit; with default_hp_metric as an hp_metric session
+        if getattr(logger, "_default_hp_metric", False) and getattr(logger, "hparams", None) \
+                and logger.experiment in writers:
             rank_zero_warn(f"{type(logger).__name__}(default_hp_metric=True) registered its own HParams session "
                            "(`hp_metric`) at the start of training, and TensorBoard shows the first one: pass "
                            "default_hp_metric=False to the logger to see the analysis metrics in the HParams tab")
