@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_nsv.models.layers import LeakyReLUFamily
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel.network import PathNetwork
 
 __all__ = ["PathPart", "UnsupportedNetworkError", "find_path_part"]
 

@@ -32,7 +32,7 @@ def test_kernel_columns_equal_the_dense_kernel(bias, beta):
 def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact(monkeypatch, bias, beta, gamma,
                                                                                   cached, chunk_rows):
     if chunk_rows:  # columns formed 7 samples at a time (the last chunk narrower): kept rows gathered per chunk
-        monkeypatch.setattr("lightning_nsv.path_space.INPUT_CHUNK_BYTES", chunk_rows * 6 * 8)
+        monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", chunk_rows * 6 * 8)
     net = random_net((5, 4, 3), in_features=6, beta=beta, bias=bias, gamma=gamma, seed=2)
     x = torch.randn(80, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     _, layer_slopes = forward_with_slopes(net, x)
@@ -150,7 +150,7 @@ def test_a_warm_start_reads_the_previous_support_from_the_cache(monkeypatch, exp
 
 @pytest.mark.parametrize("compact_rows", [2, 64])
 def test_keep_compacts_the_rows_in_the_first_blocks_memory_when_they_fill_half_of_it(monkeypatch, compact_rows):
-    monkeypatch.setattr("lightning_nsv.path_space.COMPACT_ROWS", compact_rows)  # 2: chunks, some rows in place
+    monkeypatch.setattr("lightning_nsv.kernel.gram_cache.COMPACT_ROWS", compact_rows)  # 2: chunks, some rows in place
     x = torch.randn(60, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     gram = x @ x.T
     cache = InputGramCache()
@@ -341,8 +341,8 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     rows is converted exactly, so the columns and the diagonal equal those of the float64 inputs."""
     import lightning_nsv.path_space as path_space
 
-    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
-    monkeypatch.setattr(path_space, "INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
+    monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
+    monkeypatch.setattr("lightning_nsv.kernel.columns.INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
     net = random_net((5, 4), in_features=6, beta=beta, bias=bias, seed=2)
     x32 = torch.randn(80, 6, generator=torch.Generator().manual_seed(3))
     x64 = x32.double()
@@ -383,7 +383,7 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
 def test_float32_inputs_give_the_float64_analysis(monkeypatch):
     import lightning_nsv.path_space as path_space
 
-    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 50 * 5 * 8)
+    monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 50 * 5 * 8)
     net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=4)
     x, y = self_labelled(net, 400, seed=5)
     x32 = x.float()

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from lightning_nsv.artifacts.format import ArtifactMismatchError, SupportVectorArtifact, network_outputs
 from lightning_nsv.artifacts.store import load_support_vectors
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel.network import PathNetwork
 
 def _import(dotted: str) -> Any:
     module, _, name = dotted.rpartition(".")
