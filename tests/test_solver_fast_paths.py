@@ -248,22 +248,21 @@ def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
         network_support_vectors(net, x, y, kernel="auto", intercept=True, max_dense_bytes=100)
     with pytest.raises(ValueError, match="`max_dense_bytes` must be at least 1, got 0"):
         network_support_vectors(net, x, y, max_dense_bytes=0)
-    from lightning_nsv import support_vectors
+    from lightning_nsv.analysis import checks
 
-    original = support_vectors.available_memory_bytes
-    support_vectors.available_memory_bytes = lambda: 1000
+    original = checks.available_memory_bytes
+    checks.available_memory_bytes = lambda: 1000
     try:
         with pytest.raises(ValueError, match="more than the 0.0 GB of memory available; use kernel='columns'"):
             network_support_vectors(net, x, y, kernel="dense")
     finally:
-        support_vectors.available_memory_bytes = original
+        checks.available_memory_bytes = original
 
 
 def test_dense_kernel_on_cuda_must_fit_in_its_free_memory(monkeypatch):
-    from lightning_nsv import support_vectors
     from lightning_nsv.support_vectors import _check_dense_fits
 
-    monkeypatch.setattr(support_vectors, "available_memory_bytes", lambda: 100 * 10**9)
+    monkeypatch.setattr("lightning_nsv.analysis.checks.available_memory_bytes", lambda: 100 * 10**9)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**8)  # held by torch, unused
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
@@ -439,7 +438,7 @@ def test_gram_among_reads_the_input_gram_of_kept_samples_from_several_blocks():
 
 @pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
 def test_pruned_support_is_the_support_of_the_previous_supports_own_problem(monkeypatch, bias, beta):
-    from lightning_nsv import support_vectors as sv
+    from lightning_nsv.analysis import warm_start as sv
 
     net = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
     x, y = self_labelled(net, 400, seed=7)
@@ -471,7 +470,7 @@ def test_a_warm_start_admits_the_previous_support(monkeypatch, solver):
     """The numpy solver admits the whole previous support (candidates from ``Q[F ∪ new, new]``: the members it drops
     never have full columns formed); the torch solver, which forms every admitted member's full column, admits only
     the members the new network still needs. The solution is the cold one either way."""
-    from lightning_nsv import support_vectors as sv
+    from lightning_nsv.analysis import binary as sv
 
     first, second, x, y = a_network_and_a_nearby_one(0.0, False, step=0.05, seed=2)
     cache = InputGramCache()

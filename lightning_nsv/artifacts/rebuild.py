@@ -49,8 +49,8 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
     """
     from lightning_nsv.extract import find_path_part
     from lightning_nsv.models.layers import eval_mode
-    from lightning_nsv.multiclass import multiclass_support_vectors
-    from lightning_nsv.support_vectors import network_support_vectors, signed_labels
+    from lightning_nsv.analysis.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis.binary import network_support_vectors, signed_labels
 
     if not isinstance(artifact, SupportVectorArtifact):
         artifact = load_support_vectors(artifact)
