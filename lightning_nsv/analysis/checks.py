@@ -13,7 +13,7 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel.network import PathNetwork
 
 __all__ = ["available_memory_bytes", "check_analysis_memory", "check_finite_network", "check_finite_samples",
-           "check_memory", "check_samples", "conflicting_duplicates", "misclassified_message"]
+           "check_finite_weights", "check_memory", "check_samples", "conflicting_duplicates", "misclassified_message"]
 
 
 def check_samples(x_train: Tensor, x_val: Tensor | None = None) -> None:
@@ -29,10 +29,15 @@ def check_finite_network(net: PathNetwork) -> None:
     """Refuse weights or biases that hold NaN or inf, naming the first such tensor."""
     for name, tensors in (("weights", net.weights), ("biases", net.biases or ())):
         for k, t in enumerate(tensors):
-            if not bool(torch.isfinite(t).all()):
-                kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
-                raise NonFiniteError(f"{name}[{k}] holds {kind}: the network has diverged (lower the learning "
-                                     "rate or clip gradients); no support-vector analysis of non-finite weights")
+            check_finite_weights(t, f"{name}[{k}]")
+
+
+def check_finite_weights(t: Tensor, label: str) -> None:
+    """Refuse a weight tensor ``t`` (named ``label`` in the message) that holds NaN or inf: a diverged network."""
+    if not bool(torch.isfinite(t).all()):
+        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+        raise NonFiniteError(f"{label} holds {kind}: the network has diverged (lower the learning rate or clip "
+                             "gradients); no support-vector analysis of non-finite weights")
 
 
 def check_finite_samples(values: Tensor, what: str) -> None:
