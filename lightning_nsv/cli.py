@@ -32,6 +32,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import time
 import warnings
 import zipfile
@@ -55,7 +56,9 @@ from lightning_nsv.datamodules import ClassificationDataModule
 LightningCLI = submodule("cli").LightningCLI
 
 # third-party deprecation notices and advertisements that say nothing about the user's run
-_NOISE = (".*isinstance\\(treespec, LeafSpec\\).*", ".*skip_none parameter was deprecated.*")
+_NOISE = (".*isinstance\\(treespec, LeafSpec\\).*",)
+# and LightningCLI's own calls of jsonargparse APIs that newer jsonargparse deprecates (skip_none, ...)
+_NOISY_MODULE = re.escape(f"{PACKAGE}.cli") + "$"
 
 
 _DESCRIPTION = ("Train a LightningModule with the analysis callbacks (fit), analyse a trained checkpoint again "
@@ -425,6 +428,7 @@ def main(args: list[str] | None = None) -> None:
     with warnings.catch_warnings():
         for message in _NOISE:
             warnings.filterwarnings("ignore", message=message)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=_NOISY_MODULE)
         try:
             NSVLightningCLI(
                 LightningModule,
