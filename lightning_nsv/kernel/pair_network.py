@@ -14,6 +14,7 @@ from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.path_space import PathKernelColumns, path_kernel, path_kernel_diagonal
 
@@ -74,18 +75,26 @@ def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_B
 
 def _slopes(bits: Tensor, beta: float, gamma: float) -> Tensor:
     """``sigma = gamma`` where ``z >= 0``, else ``beta``, in float64 (DESIGN.md §1: 0.1 in float32 is not 0.1)."""
+    if beta == 0.0:
+        ones = bits.to(torch.float64)
+        return ones if gamma == 1.0 else ones.mul_(gamma)
     as64 = lambda v: torch.tensor(v, dtype=torch.float64, device=bits.device)  # noqa: E731
     return torch.where(bits, as64(gamma), as64(beta))
 
 
 class _PairContext:
     """Gate products ``sigma(x) sigma(x')`` and shared max-pool selections of the pairs in a block: every
-    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``."""
+    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``.
+
+    Gates stay bits until a block needs them: the slopes of the block's rows and of its columns are formed once
+    per gate layer (``len(a) + len(b)`` samples, not one value per pair) and multiply the pair values by
+    broadcasting, in place where the value is the block's own."""
 
     def __init__(self, graph: PiecewiseGraph, gates: Gates, a: Tensor, b: Tensor, outer: bool,
                  collapse: bool = True) -> None:
         self.gates, self.a, self.b, self.outer, self.collapse = gates, a, b, outer, collapse
         self.family = {name: (beta, gamma) for name, _, beta, gamma, _ in graph.gates}
+        self._sides: dict[str, tuple[Tensor, Tensor]] = {}
 
     def combine(self, t: Tensor, fn) -> Tensor:
         """``fn(t[first], t[second])`` for every pair, ``(P, *t.shape[1:])``."""
@@ -93,33 +102,42 @@ class _PairContext:
             return fn(t[self.a][:, None], t[self.b][None]).reshape(-1, *t.shape[1:])
         return fn(t[self.a], t[self.b])
 
+    def sides(self, name: str) -> tuple[Tensor, Tensor]:
+        """The slopes of the block's first and second samples at gate layer ``name``, float64."""
+        if name not in self._sides:
+            beta, gamma = self.family[name]
+            bits = self.gates.bits[name]
+            self._sides[name] = (_slopes(bits[self.a], beta, gamma), _slopes(bits[self.b], beta, gamma))
+        return self._sides[name]
+
     def gate(self, name: str, v: Tensor) -> Tensor:
         """DESIGN.md §2c: a gate multiplies the pair value by ``sigma(x) sigma(x')``."""
-        beta, gamma = self.family[name]
-        bits = self.gates.bits[name]
-        if beta == 0.0:
-            v = torch.where(self.combine(bits, torch.logical_and), v, 0.0)
-            return v if gamma == 1.0 else v * (gamma * gamma)
-        return v * self.combine(bits, lambda p, q: _slopes(p, beta, gamma) * _slopes(q, beta, gamma))
+        first, second = self.sides(name)
+        if not self.outer:
+            return v * first * second
+        shape = (len(first), len(second), *first.shape[1:])
+        v = v.reshape(len(first), len(second), *v.shape[1:])
+        return (v * first[:, None]).mul_(second[None]).reshape(-1, *shape[2:])
 
     def overlap(self, name: str) -> Tensor:
         """DESIGN.md §2c "Speed": ``C[p](x, x') = Σ_c sigma_{c,p}(x) sigma_{c,p}(x')`` per position,
-        ``(P, *spatial)``; for a block of rows × columns one product over channels per position."""
-        beta, gamma = self.family[name]
-        bits = self.gates.bits[name]
-        first = _slopes(bits[self.a], beta, gamma).flatten(2)
-        second = _slopes(bits[self.b], beta, gamma).flatten(2)
-        if self.outer:
-            counts = torch.bmm(first.permute(2, 0, 1), second.permute(2, 1, 0)).permute(1, 2, 0)
-        else:
-            counts = (first * second).sum(1)
-        return counts.reshape(-1, *bits.shape[2:])
+        ``(P, *spatial)``; for a block of rows × columns one GEMM over channels per position."""
+        first, second = self.sides(name)
+        return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
 
-    def selection(self, name: str) -> tuple[Tensor, Tensor]:
-        """The unit x selects and whether x' selects the same one (§2c: else the pair passes 0)."""
+    def pool(self, name: str, v: Tensor) -> Tensor:
+        """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same
+        one, else 0 (§2c), ``(P, C, *out)``."""
         chosen = self.gates.selections[name]
-        first = self.combine(chosen, lambda p, q: p.expand(torch.broadcast_shapes(p.shape, q.shape)))
-        return first.to(torch.long), self.combine(chosen, torch.eq).to(torch.float64)
+        first, second = chosen[self.a].to(torch.long).flatten(2), chosen[self.b].flatten(2)
+        if not self.outer:
+            picked = v.flatten(2).gather(2, first)
+            return (picked * (chosen[self.a].flatten(2) == second)).view(len(v), *chosen.shape[1:])
+        rows, cols = len(first), len(second)
+        v = v.reshape(rows, cols, *v.shape[1:2], -1)
+        picked = v.gather(3, first[:, None].expand(rows, cols, *first.shape[1:]))
+        same = chosen[self.a].flatten(2)[:, None] == second[None]
+        return picked.mul_(same).view(rows * cols, *chosen.shape[1:])
 
 
 class PairNetworkColumns:
@@ -138,11 +156,11 @@ class PairNetworkColumns:
     """
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
-                 fast: bool = True, collapse: bool = True) -> None:
+                 fast: bool = True, collapse: bool = True, factored: bool = True) -> None:
         if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
             raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                              f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
-        self.graph, self.gates, self.collapse = graph, gates, collapse
+        self.graph, self.gates, self.collapse, self.factored = graph, gates, collapse, factored
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
         self._chain = None
@@ -169,7 +187,10 @@ class PairNetworkColumns:
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
         ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
-        out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
+        if self.factored:
+            out = run_factored(self.graph, ctx.combine(self.x, torch.mul), ctx)
+        else:
+            out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
         if out.dim() == 2:
             if not bool((out == out[:, :1]).all()):
                 raise ValueError("the outputs of this network have different path kernels (its last map does not "

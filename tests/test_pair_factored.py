@@ -1,0 +1,43 @@
+"""The factored pair network (lightning_nsv.kernel.factored) against the plain one (DESIGN.md §2c "Speed")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
+from lightning_nsv.kernel import factored as F
+from lightning_nsv.models.residual import SmallResNet
+from tests.test_pair_network import CASES, inputs, randomise_bn, relative
+
+
+def both(module, x, **kwargs):
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    return (PairNetworkColumns(graph, x, gates, factored=True, **kwargs),
+            PairNetworkColumns(graph, x, gates, factored=False, collapse=False, **kwargs))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_factored_equals_plain_pair_network(case):
+    torch.manual_seed(0)
+    make, shape = CASES[case]
+    fast, plain = both(make(), inputs(shape, n=6), fast=False)
+    assert relative(fast.columns([4, 0, 2]), plain.columns([4, 0, 2])) < 1e-13
+    assert relative(fast.diagonal(), plain.diagonal()) < 1e-13
+    assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
+
+
+@pytest.mark.parametrize("blocks, beta", [((1, 1), 0.0), ((1, 2), 0.1), ((2, 0, 1), 0.0)])
+def test_small_resnet_keeps_terms_through_pools_and_sums(blocks, beta, monkeypatch):
+    """Max pools split the terms (the factored form reaches the head), and the kernel is the plain one."""
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(2, 1, 3, blocks, beta=beta)).eval()
+    x = inputs((2, 8, 8), n=5)
+    fast, plain = both(net, x)
+    splits = []
+    original = F.Terms.max_pool
+    monkeypatch.setattr(F.Terms, "max_pool", lambda self, rule: splits.append(rule.name) or original(self, rule))
+    columns = fast.columns([0, 3])
+    assert len(splits) == (len(blocks) - 1)
+    assert relative(columns, plain.columns([0, 3])) < 1e-13
+    assert relative(fast.diagonal(), plain.diagonal()) < 1e-13
