@@ -22,8 +22,8 @@ def test_factored_equals_plain_pair_network(case):
     torch.manual_seed(0)
     make, shape = CASES[case]
     fast, plain = both(make(), inputs(shape, n=6), fast=False)
-    assert relative(fast.columns([4, 0, 2]), plain.columns([4, 0, 2])) < 1e-13
-    assert relative(fast.diagonal(), plain.diagonal()) < 1e-13
+    assert relative(fast.columns_tensor([4, 0, 2]), plain.columns_tensor([4, 0, 2])) < 1e-13
+    assert relative(fast.diagonal_tensor(), plain.diagonal_tensor()) < 1e-13
     assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
 
 
@@ -37,7 +37,29 @@ def test_small_resnet_keeps_terms_through_pools_and_sums(blocks, beta, monkeypat
     splits = []
     original = F.Terms.max_pool
     monkeypatch.setattr(F.Terms, "max_pool", lambda self, rule: splits.append(rule.name) or original(self, rule))
-    columns = fast.columns([0, 3])
+    columns = fast.columns_tensor([0, 3])
     assert len(splits) == (len(blocks) - 1)
-    assert relative(columns, plain.columns([0, 3])) < 1e-13
-    assert relative(fast.diagonal(), plain.diagonal()) < 1e-13
+    assert relative(columns, plain.columns_tensor([0, 3])) < 1e-13
+    assert relative(fast.diagonal_tensor(), plain.diagonal_tensor()) < 1e-13
+
+
+def test_pair_network_columns_follow_the_solver_protocol():
+    """The solver reads PairNetworkColumns as it is: numpy columns and diagonal, signed forms consistent."""
+    import numpy as np
+
+    from lightning_nsv.solver.protocol import KernelColumns, signed
+
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(1, 1, 2, (1, 1))).eval()
+    x = inputs((1, 8, 8), n=6)
+    columns, _ = both(net, x)
+    assert isinstance(columns, KernelColumns) and columns.offers_block
+    idx = np.array([4, 1])
+    kernel = columns.columns_tensor(idx).numpy()
+    assert isinstance(columns.columns(idx), np.ndarray) and np.array_equal(columns.columns(idx), kernel)
+    assert np.array_equal(columns.diagonal(), columns.diagonal_tensor().numpy())
+    signs = np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0])
+    expected = signed(kernel, signs, idx, 2.0)
+    assert np.allclose(columns.signed_columns(idx, signs, 2.0), expected, rtol=1e-15, atol=0)
+    assert np.allclose(columns.signed_rows(idx, signs, 2.0).numpy(), expected.T, rtol=1e-15, atol=0)
+    assert np.allclose(columns.signed_block(idx, signs, 2.0), expected[idx], rtol=1e-15, atol=0)

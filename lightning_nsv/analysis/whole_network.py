@@ -179,7 +179,7 @@ def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates
         columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
                                      memory_bytes=block_bytes)
         if graph.chain is not None:
-            parts.append(columns.columns(torch.arange(s))[s:])
+            parts.append(columns.columns_tensor(torch.arange(s))[s:])
             continue
         part = torch.empty(len(idx), s, dtype=torch.float64, device=graph.device)
         width = max(1, min(s, columns.pairs_per_block))

@@ -17,6 +17,7 @@ from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.path_space import PathKernelColumns, path_kernel, path_kernel_diagonal
+from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]
@@ -140,7 +141,7 @@ class _PairContext:
         return picked.mul_(same).view(rows * cols, *chosen.shape[1:])
 
 
-class PairNetworkColumns:
+class PairNetworkColumns(KernelColumns):
     """Columns ``K[:, idx]`` of the path kernel of a traced network on ``m`` training inputs (DESIGN.md §2c).
 
     Each entry is the output of the pair network on ``x_i ⊙ x_j``; a call runs blocks of pairs sized so that the
@@ -153,6 +154,11 @@ class PairNetworkColumns:
     8×8 inputs (one CPU thread). Memory: the inputs and gates of all samples, plus one block of about
     ``memory_bytes``. Float64, on the graph's device. With K outputs every output has the same kernel (checked
     exactly).
+
+    A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
+    ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
+    on ``idx × idx`` pairs only); ``columns_tensor``, ``diagonal_tensor`` and ``block`` give float64 tensors on the
+    graph's device.
     """
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
@@ -187,7 +193,7 @@ class PairNetworkColumns:
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
         ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
-        if self.factored:
+        if self.factored and outer:  # aligned pairs (the diagonal) gain nothing: per-sample work is per pair there
             out = run_factored(self.graph, ctx.combine(self.x, torch.mul), ctx)
         else:
             out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
@@ -203,8 +209,22 @@ class PairNetworkColumns:
     def _index(self, idx) -> Tensor:
         return torch.as_tensor(idx, dtype=torch.long).to(self.device).reshape(-1)
 
-    def columns(self, idx) -> Tensor:
-        """``K[:, idx]``, shape ``(m, len(idx))`` (unsigned)."""
+    offers_block = True  # Q[idx, idx] by the pair network on idx × idx only
+
+    def columns(self, idx) -> np.ndarray:
+        """``K[:, idx]`` as float64 numpy ``(m, len(idx))`` (the :class:`KernelColumns` protocol)."""
+        return self.columns_tensor(idx).cpu().numpy()
+
+    def diagonal(self) -> np.ndarray:
+        """``diag(K)`` as float64 numpy ``(m,)`` (the :class:`KernelColumns` protocol)."""
+        return self.diagonal_tensor().cpu().numpy()
+
+    def signed_rows(self, idx, signs, scale: float) -> Tensor:
+        """``Q[:, idx]ᵀ`` on the graph's device (the torch solver's columns, no round trip through numpy)."""
+        return signed_rows(self.columns_tensor(idx), np.asarray(signs, dtype=np.float64), np.asarray(idx), scale)
+
+    def columns_tensor(self, idx) -> Tensor:
+        """``K[:, idx]``, shape ``(m, len(idx))`` (unsigned), float64 on the graph's device."""
         idx = self._index(idx)
         if self._chain is not None:
             return self._columns(idx)
@@ -222,14 +242,14 @@ class PairNetworkColumns:
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]`` (the column function of :func:`~lightning_nsv.max_margin.max_margin`)."""
-        return self.columns(idx)
+        return self.columns_tensor(idx)
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order (labels ``s`` in ``±1``): the
         solver's columns, as :class:`~lightning_nsv.path_space.PathKernelColumns` gives them."""
         idx = self._index(idx)
         s = torch.as_tensor(np.asarray(signs), dtype=torch.float64, device=self.device)
-        q = self.columns(idx) * s[:, None] * (s[idx] / scale)[None, :]
+        q = self.columns_tensor(idx) * s[:, None] * (s[idx] / scale)[None, :]
         return np.asfortranarray(q.cpu().numpy())
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
@@ -252,8 +272,8 @@ class PairNetworkColumns:
             out[i0:i0 + len(left)] = self.pairs(left, idx, outer=True).view(len(left), b)
         return out
 
-    def diagonal(self) -> Tensor:
-        """``K(x_i, x_i) = ||phi(x_i)||²``, shape ``(m,)``."""
+    def diagonal_tensor(self) -> Tensor:
+        """``K(x_i, x_i) = ||phi(x_i)||²``, shape ``(m,)``, float64 on the graph's device."""
         if self._chain is not None:
             flat, slopes, _, _, bias = self._chain
             return path_kernel_diagonal(flat, slopes, bias=bias)
