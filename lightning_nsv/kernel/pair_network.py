@@ -223,21 +223,23 @@ class PairNetworkColumns(KernelColumns):
         """``Q[:, idx]ᵀ`` on the graph's device (the torch solver's columns, no round trip through numpy)."""
         return signed_rows(self.columns_tensor(idx), np.asarray(signs, dtype=np.float64), np.asarray(idx), scale)
 
-    def columns_tensor(self, idx) -> Tensor:
-        """``K[:, idx]``, shape ``(m, len(idx))`` (unsigned), float64 on the graph's device."""
+    def columns_tensor(self, idx, part: slice | None = None) -> Tensor:
+        """``K[part, idx]`` (all rows by default), shape ``(rows, len(idx))`` (unsigned), float64 on the graph's
+        device."""
         idx = self._index(idx)
+        lo, hi, _ = (part or slice(None)).indices(len(self))
         if self._chain is not None:
-            return self._columns(idx)
-        m, b = len(self), len(idx)
-        out = torch.empty(m, b, dtype=torch.float64, device=self.device)
+            return self._columns(idx)[lo:hi]
+        b = len(idx)
+        out = torch.empty(hi - lo, b, dtype=torch.float64, device=self.device)
         width = max(1, min(b, self.pairs_per_block))
         rows = max(1, self.pairs_per_block // width)
         for j0 in range(0, b, width):
             cols = idx[j0:j0 + width]
-            for i0 in range(0, m, rows):
-                left = torch.arange(i0, min(m, i0 + rows), device=self.device)
+            for i0 in range(lo, hi, rows):
+                left = torch.arange(i0, min(hi, i0 + rows), device=self.device)
                 values = self.pairs(left, cols, outer=True)
-                out[i0:i0 + len(left), j0:j0 + len(cols)] = values.view(len(left), len(cols))
+                out[i0 - lo:i0 - lo + len(left), j0:j0 + len(cols)] = values.view(len(left), len(cols))
         return out
 
     def __call__(self, idx) -> Tensor:
