@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
-from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import (
     Gates,
     PairNetworkColumns,
@@ -35,8 +34,9 @@ from lightning_nsv.kernel import (
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.sharded import ColumnSharing
+from lightning_nsv.analysis.whole_network_checks import check_arguments, check_zero_error
 from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
-from lightning_nsv.max_margin import NotSeparableError, max_margin, pair_max_margin, sample_indices
+from lightning_nsv.max_margin import max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.multiclass import (
     MulticlassSupportVectorAnalysis,
@@ -45,14 +45,10 @@ from lightning_nsv.multiclass import (
     centred_gram,
     class_labels,
     multiclass_max_margin,
-    pair_margins,
 )
 from lightning_nsv.support_vectors import (
     INITIAL_MARGINS,
-    SOLVERS,
     SupportVectorAnalysis,
-    _check_finite_samples,
-    check_samples,
     compression_bound,
     signed_labels,
     solver_backend_device,
@@ -126,34 +122,7 @@ class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
     scope_counts: ScopeSummary | None = field(default=None, repr=False)
 
 
-# ------------------------------------------------------------------------------------------------------ checks
-
-
-def _check_finite_module(module: nn.Module) -> None:
-    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
-        for name, t in named:
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                what = "NaN" if bool(torch.isnan(t).any()) else "inf"
-                raise NonFiniteError(f"{kind} {name} holds {what}: the network has diverged (lower the learning rate "
-                                     "or clip gradients); no support-vector analysis of non-finite weights")
-
-
-def _not_separable(x: Tensor, labels: Tensor, wrong: Tensor, on_boundary: Tensor, requirement: str) -> str:
-    """Why Assumption 1 fails: the count, the first indices, and a pair of equal inputs with different labels."""
-    first = torch.nonzero(wrong).reshape(-1)[:10].tolist()
-    message = (f"the network misclassifies {int(wrong.sum())} of {len(labels)} training samples (first: "
-               f"{', '.join(map(str, first))}{', …' if int(wrong.sum()) > len(first) else ''}; "
-               f"{int((wrong & on_boundary).sum())} of them on the boundary, e.g. all units of a layer inactive): the "
-               f"support-vector analysis needs {requirement} on every training sample (Assumption 1); a tie counts as "
-               "an error")
-    _, inverse = torch.unique(x.reshape(len(x), -1).cpu(), dim=0, return_inverse=True)
-    seen: dict[int, tuple[int, float]] = {}
-    for i, (group, label) in enumerate(zip(inverse.tolist(), labels.tolist())):
-        other = seen.setdefault(group, (i, label))
-        if other[1] != label:
-            return (f"samples {other[0]} and {i} have the same input and different labels: no classifier separates "
-                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
-    return message
+# ------------------------------------------------------------------------------------------------- kernel parts
 
 
 def _slice_gates(gates: Gates, idx: Tensor) -> Gates:
@@ -273,7 +242,7 @@ def whole_network_support_vectors(
             the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
         ValueError: on labels, options, or memory that does not suffice.
     """
-    _check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
+    check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     m = len(x_train)
     graph = _trace(module, x_train)
     num_outputs = graph.num_outputs
@@ -309,7 +278,7 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
 
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     outputs = gates.output.reshape(m, num_outputs).cpu()
-    margins = _check_zero_error(x_train, y, outputs, binary)
+    margins = check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
     shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
     budgeted = BudgetedColumns(shared, parts["total"], budget)
@@ -341,25 +310,6 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     return ShardedPairColumns(columns, group, root).serve()
 
 
-def _check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: float) -> None:
-    if solver not in SOLVERS:
-        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
-    check_samples(x_train, x_val)
-    if y_val is not None and x_val is None:
-        raise ValueError("y_val without x_val: pass the validation inputs too")
-    m = len(x_train)
-    if len(y_train) != m:
-        raise ValueError(f"x_train has {m} samples and y_train {len(y_train)}")
-    _check_finite_module(module)
-    _check_finite_samples(x_train.reshape(m, -1), "training inputs")
-    if x_val is not None:
-        _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
-        if y_val is not None and len(y_val) != len(x_val):
-            raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
-
-
 def _trace(module: nn.Module, x_train: Tensor) -> PiecewiseGraph:
     with eval_mode(module):
         return trace(module, x_train[:8])
@@ -381,21 +331,6 @@ def _held_out(graph, columns, gates, svm, y, x_val, y_val, binary: bool, block_b
     coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
         torch.from_numpy(svm.beta_[svm.support_])
     return _validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, graph.num_outputs)
-
-
-def _check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
-    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
-    refuses unless every one is positive (Assumption 1)."""
-    if binary:
-        margins = (y * outputs[:, 0]).numpy()
-        wrong, boundary, requirement = margins <= 0, margins == 0, "y·N(x) > 0"
-    else:
-        margins = pair_margins(outputs, y.numpy())
-        wrong, boundary = margins.min(1) <= 0, margins.min(1) == 0
-        requirement = "N_y(x) − N_k(x) > 0 for every k ≠ y"
-    if wrong.any():
-        raise NotSeparableError(_not_separable(x, y, torch.from_numpy(wrong), torch.from_numpy(boundary), requirement))
-    return margins
 
 
 def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:
