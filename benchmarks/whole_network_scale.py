@@ -185,8 +185,8 @@ def one_size(args) -> dict:
 # ---------------------------------------------------------------------------------------------------------- report
 GPU_NOTE = ("Everything after training runs on the module's device (`--device cuda`: the trace's float64 snapshot, "
             "gates, pair-network blocks and the torch solver); the pair-network blocks are elementwise float64 work "
-            "and small per-position channel sums, so a GPU run is memory-bandwidth bound: expect about 20-50x the "
-            "pairs per second of these 2 shared cores with `--block-mib 512` or more. No GPU was lent for this run; "
+            "and small per-position channel sums, so a GPU run is memory-bandwidth bound; an estimate, not measured: 20-50x the pairs per second of these "
+            "2 shared cores with `--block-mib 512` or more. No GPU was lent for this run; "
             "`python benchmarks/whole_network_scale.py --device cuda --block-mib 1024` is the command.")
 
 
@@ -215,7 +215,7 @@ def markdown(records: list[dict], args, command: str) -> str:
         dense = [f"{r[k]:.1f}" if k in r else "—" for k in ("dense_kernel_s", "dense_solve_s")]
         lines.append(f"| {r['m']:,} | {r['device']} | {r['epochs']} | {r['train_s']:.0f} | {r['relabelled']} | "
                      f"{r['analysis_s']:.1f} | {r['peak_rss_mib']:.0f} | {r['n_support']} | "
-                     f"{r['margin_ratio']:.3f} | {r['cosine']:.3f} | {dense[0]} | {dense[1]} | "
+                     f"{r['margin_ratio']:.3g} | {r['cosine']:.3g} | {dense[0]} | {dense[1]} | "
                      f"{r.get('dense_same_support', '—')} |")
     lines += ["", f"Scope: {records[0].get('scope', '')}", "", "**GPU.** " + GPU_NOTE, ""]
     for r in records:
@@ -257,8 +257,9 @@ def main(argv=None) -> None:
             child += ["--profile", "0"]
         try:
             done = subprocess.run(child, capture_output=True, text=True, timeout=args.timeout)
+            reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:200]
             record = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else \
-                {"m": m, "error": done.stderr.strip().splitlines()[-1][:200]}
+                {"m": m, "error": reason}
         except subprocess.TimeoutExpired:
             record = {"m": m, "error": f"over --timeout {args.timeout:.0f} s"}
         records.append(record)
