@@ -33,10 +33,10 @@ from lightning_nsv.kernel import (
 )
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
-from lightning_nsv.sharded import ColumnSharing
+from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.analysis.whole_network_checks import check_arguments, check_zero_error
 from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
-from lightning_nsv.max_margin import max_margin, pair_max_margin, sample_indices
+from lightning_nsv.solver import max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.multiclass import MulticlassSupportVectorAnalysis, centred_gram
 from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, multiclass_max_margin

@@ -7,9 +7,10 @@ import torch
 from torch import Tensor, nn
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.max_margin import NotSeparableError
-from lightning_nsv.multiclass import pair_margins
-from lightning_nsv.support_vectors import SOLVERS, _check_finite_samples, check_samples
+from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples
+from lightning_nsv.solver.multiclass import pair_margins
+from lightning_nsv.solver.options import SOLVERS
+from lightning_nsv.solver.result import NotSeparableError
 
 __all__ = ["check_arguments", "check_zero_error"]
 

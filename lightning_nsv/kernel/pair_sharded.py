@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_network import PairNetworkColumns
-from lightning_nsv.path_space import random_projection
-from lightning_nsv.sharded import ShardedKernelColumns
+from lightning_nsv.kernel.inputs import random_projection
+from lightning_nsv.kernel.sharded import ShardedKernelColumns
 
 __all__ = ["ShardedPairColumns", "serve_pair_columns"]
 
