@@ -113,4 +113,13 @@ def test_digits_cnn_config_builds_model_and_data():
                        subclass_mode_data=True, run=False, save_config_callback=None,
                        args=["--config", str(CONFIGS / "digits_cnn.yaml"), "--trainer.logger", "false"])
     assert isinstance(cli.model, ConvFCNet) and isinstance(cli.datamodule, DigitsDataModule)
-    assert any(isinstance(c, NetworkSupportVectors) for c in cli.trainer.callbacks)
+    nsv = [c for c in cli.trainer.callbacks if isinstance(c, NetworkSupportVectors)]
+    assert len(nsv) == 1 and nsv[0].scope == "head"  # the paper's protocol, kept explicitly
+
+
+def test_the_paper_cnn_configs_keep_the_head_scope():
+    import yaml
+
+    for name in ("digits_cnn.yaml", "cifar_frogs_ships_cnn.yaml"):
+        config = yaml.safe_load((CONFIGS / name).read_text())
+        assert config["trainer"]["callbacks"][0]["init_args"]["scope"] == "head", name
