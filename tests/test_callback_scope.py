@@ -54,6 +54,7 @@ class CNN(pl.LightningModule):
 
     def __init__(self, kind="relu", classes=1, split=False):
         super().__init__()
+        torch.manual_seed(0)  # the same initial weights whatever ran before
         self.classes, self.split = classes, split
         head = [nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, classes)]
         if split:
@@ -231,3 +232,10 @@ def test_three_classes_whole_and_patterns_changed_between_analyses(tmp_path):
                                                                                   "support_jaccard_previous"))
     assert 0 <= callback.history[-1]["patterns_changed"] <= 60
     assert callback.metrics["val_agreement"] >= 0
+
+
+def test_the_whole_networks_outputs_are_checked_against_the_classes(tmp_path):
+    with pytest.raises(ValueError, match=r"NetworkSupportVectors: CNN \(whole network\) has 3 outputs, but the data "
+                                         r"module DigitsDataModule \(task='binary'\) has 2 classes"):
+        _fit(tmp_path, CNN(classes=3, split=True), DigitsDataModule(m=40, batch_size=10, seed=0),
+             NetworkSupportVectors(), max_epochs=1)

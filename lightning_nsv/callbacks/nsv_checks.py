@@ -84,7 +84,7 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
     if (outputs == 1 and classes != 2) or (outputs > 1 and outputs != classes):
         task = f" (task={datamodule.task!r})" if isinstance(getattr(datamodule, "task", None), str) else ""
         raise ValueError(
-            f"NetworkSupportVectors: the head {path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
+            f"NetworkSupportVectors: {'the head ' * isinstance(path, PathPart)}{path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
             f"module {type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class "
             "head K. `lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
             "checkpoint was trained with."

@@ -83,7 +83,7 @@ class AnalysisOutputs:
         m = len(y_train)
         how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
         if not isinstance(net, PathNetwork):
-            how = f"{how} (the whole network's, by the pair network)"
+            how = "path kernel columns of candidate support vectors (of the whole network, by the pair network)"
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
