@@ -36,7 +36,7 @@ import torch
 
 import lightning_nsv.callbacks  # noqa: F401
 import lightning_nsv.datamodules  # noqa: F401
-from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, SkipNetwork  # noqa: F401  (their short names on the command line)
+from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, ResNetClassifier, SkipNetwork  # noqa: F401  (short names)
 from lightning_nsv.artifacts import plain
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
 from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_warn, submodule

@@ -45,7 +45,7 @@ from lightning_nsv.experiment_io import (FIGURE_FORMATS, example_parser, figure_
                                          read_csv, replot, save_figures, write_csv, write_results)
 from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.mlp import LeakyReLUMLP
-from lightning_nsv.support_vectors import SupportVectorAnalysis
+from lightning_nsv.analysis.binary import SupportVectorAnalysis
 
 __all__ = [
     "DATASETS",

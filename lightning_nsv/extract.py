@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_nsv.models.layers import LeakyReLUFamily
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel.network import PathNetwork
 
 __all__ = ["PathPart", "UnsupportedNetworkError", "find_path_part"]
 
@@ -118,15 +118,7 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
         UnsupportedNetworkError: naming the module and layer when the head holds anything else than
             the supported layers.
     """
-    if path_module is None:
-        name, seq = _find_sequential(module)
-    else:
-        name, seq = path_module, _resolve(module, path_module, "path_module")
-        if not isinstance(seq, nn.Sequential):
-            raise UnsupportedNetworkError(
-                f"{type(module).__name__}.{path_module} is a {type(seq).__name__}; `path_module` must name an "
-                "nn.Sequential"
-            )
+    name, seq = _head_sequential(module, path_module)
     layers = list(seq.children())
     flatten_at = max((i for i, layer in enumerate(layers) if isinstance(layer, nn.Flatten)), default=-1)
     trunk_layers, head = layers[: flatten_at + 1], layers[flatten_at + 1:]
@@ -134,39 +126,44 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
     if trunk_layers:
         trunk = nn.Sequential(trunk, *trunk_layers) if trunk is not None else nn.Sequential(*trunk_layers)
     where = f"{type(module).__name__}" + ("" if name == type(module).__name__ else f".{name}")
+    linears, betas, gammas = _read_head(head, flatten_at + 1, where)
+    return PathPart(where, trunk, tuple(linears), tuple(betas), tuple(gammas))
 
+
+def _head_sequential(module: nn.Module, path_module: str | None) -> tuple[str, nn.Sequential]:
+    """The ``nn.Sequential`` that holds the path part and its name: ``path_module``, or the one found."""
+    if path_module is None:
+        return _find_sequential(module)
+    seq = _resolve(module, path_module, "path_module")
+    if not isinstance(seq, nn.Sequential):
+        raise UnsupportedNetworkError(
+            f"{type(module).__name__}.{path_module} is a {type(seq).__name__}; `path_module` must name an "
+            "nn.Sequential"
+        )
+    return path_module, seq
+
+
+def _read_head(head: list[nn.Module], first: int, where: str) -> tuple[list[nn.Linear], list[float], list[float]]:
+    """The Linear layers of ``head`` (layers numbered from ``first``) and the slopes between them (1, 1 where two
+    Linear layers follow each other); refuses anything else, naming ``where`` and the layer."""
     linears: list[nn.Linear] = []
     betas: list[float] = []
     gammas: list[float] = []
     pending_activation = False
-    for index, layer in enumerate(head, start=flatten_at + 1):
+    for index, layer in enumerate(head, start=first):
         if isinstance(layer, (nn.Identity, nn.Dropout)):
             continue
         if isinstance(layer, nn.Linear):
-            if not layer.in_features or not layer.out_features:
-                raise UnsupportedNetworkError(
-                    f"{where}: layer {index}, {layer!r}, has no {'inputs' if not layer.in_features else 'outputs'}: "
-                    "every layer of the path part needs at least one unit (a head without hidden units passes no "
-                    "path); give it a positive width."
-                )
+            _check_widths(layer, index, where)
             if linears and not pending_activation:
                 betas.append(1.0)
                 gammas.append(1.0)
             linears.append(layer)
             pending_activation = False
             continue
-        slopes = _activation_slopes(layer)
-        if slopes is None:
-            raise UnsupportedNetworkError(
-                f"{where}: layer {index}, {layer!r}, is not supported in the path part. "
-                f"Supported: {SUPPORTED}."
-            )
-        if not linears or pending_activation:
-            raise UnsupportedNetworkError(
-                f"{where}: activation {layer!r} at layer {index} does not follow a Linear layer. Supported: {SUPPORTED}."
-            )
-        betas.append(slopes[0])
-        gammas.append(slopes[1])
+        beta, gamma = _activation_after_linear(layer, index, where, bool(linears) and not pending_activation)
+        betas.append(beta)
+        gammas.append(gamma)
         pending_activation = True
     if not linears:
         raise UnsupportedNetworkError(f"{where} has no Linear layer after its trunk. Supported: {SUPPORTED}.")
@@ -174,4 +171,28 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
         raise UnsupportedNetworkError(
             f"{where} ends with an activation; the path part must end with the Linear layer that gives the logit."
         )
-    return PathPart(where, trunk, tuple(linears), tuple(betas), tuple(gammas))
+    return linears, betas, gammas
+
+
+def _check_widths(layer: nn.Linear, index: int, where: str) -> None:
+    if not layer.in_features or not layer.out_features:
+        raise UnsupportedNetworkError(
+            f"{where}: layer {index}, {layer!r}, has no {'inputs' if not layer.in_features else 'outputs'}: "
+            "every layer of the path part needs at least one unit (a head without hidden units passes no "
+            "path); give it a positive width."
+        )
+
+
+def _activation_after_linear(layer: nn.Module, index: int, where: str, after_linear: bool) -> tuple[float, float]:
+    """``(beta, gamma)`` of a supported activation that directly follows a Linear layer, else a refusal."""
+    slopes = _activation_slopes(layer)
+    if slopes is None:
+        raise UnsupportedNetworkError(
+            f"{where}: layer {index}, {layer!r}, is not supported in the path part. "
+            f"Supported: {SUPPORTED}."
+        )
+    if not after_linear:
+        raise UnsupportedNetworkError(
+            f"{where}: activation {layer!r} at layer {index} does not follow a Linear layer. Supported: {SUPPORTED}."
+        )
+    return slopes

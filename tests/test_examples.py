@@ -203,3 +203,22 @@ def test_max_margin_approach_quick(examples, tmp_path):
         assert (tmp_path / f"max_margin_approach{suffix}").stat().st_size > 0
     assert list((tmp_path / "tensorboard" / "summary").glob("events.out.tfevents.*"))
     assert list((tmp_path / "tensorboard" / "multiclass").glob("events.out.tfevents.*"))
+
+
+def test_head_vs_whole_quick(examples, tmp_path):
+    rows = examples("head_vs_whole").main(["--quick", "--out", str(tmp_path)])
+    for suffix in (".csv", "_overlap.csv", ".md", ".png", ".pdf"):
+        assert (tmp_path / f"head_vs_whole{suffix}").stat().st_size > 0, suffix
+    assert read_csv(tmp_path / "head_vs_whole.csv") == rows
+    assert [(r["network"], r["scope"]) for r in rows] == [("cnn_fc", "head only"), ("cnn_fc", "whole network"),
+                                                          ("resnet", "whole network")]
+    head, whole, resnet = rows
+    assert head["bits_per_sv"] == 3 * 64  # the head's hidden units; the trunk is a fixed embedding
+    assert whole["bits_per_sv"] > head["bits_per_sv"] and resnet["bits_per_sv"] > 0  # every gate and max-pool choice
+    for row in rows:
+        assert row["m"] == 200 and 1 <= row["n_support"] <= 200 and 0 < row["margin_ratio"] <= 1 + 1e-9
+    overlap = read_csv(tmp_path / "head_vs_whole_overlap.csv")
+    assert [(o["size_first"], o["size_second"]) for o in overlap] == [
+        (head["n_support"], whole["n_support"]), (head["n_support"], resnet["n_support"]),
+        (whole["n_support"], resnet["n_support"])]
+    assert all(0 <= o["shared"] <= min(o["size_first"], o["size_second"]) for o in overlap)

@@ -32,7 +32,7 @@ def test_kernel_columns_equal_the_dense_kernel(bias, beta):
 def test_signed_solver_columns_equal_the_dense_kernel_and_leave_the_cache_intact(monkeypatch, bias, beta, gamma,
                                                                                   cached, chunk_rows):
     if chunk_rows:  # columns formed 7 samples at a time (the last chunk narrower): kept rows gathered per chunk
-        monkeypatch.setattr("lightning_nsv.path_space.INPUT_CHUNK_BYTES", chunk_rows * 6 * 8)
+        monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", chunk_rows * 6 * 8)
     net = random_net((5, 4, 3), in_features=6, beta=beta, bias=bias, gamma=gamma, seed=2)
     x = torch.randn(80, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     _, layer_slopes = forward_with_slopes(net, x)
@@ -150,7 +150,7 @@ def test_a_warm_start_reads_the_previous_support_from_the_cache(monkeypatch, exp
 
 @pytest.mark.parametrize("compact_rows", [2, 64])
 def test_keep_compacts_the_rows_in_the_first_blocks_memory_when_they_fill_half_of_it(monkeypatch, compact_rows):
-    monkeypatch.setattr("lightning_nsv.path_space.COMPACT_ROWS", compact_rows)  # 2: chunks, some rows in place
+    monkeypatch.setattr("lightning_nsv.kernel.gram_cache.COMPACT_ROWS", compact_rows)  # 2: chunks, some rows in place
     x = torch.randn(60, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     gram = x @ x.T
     cache = InputGramCache()
@@ -248,22 +248,21 @@ def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
         network_support_vectors(net, x, y, kernel="auto", intercept=True, max_dense_bytes=100)
     with pytest.raises(ValueError, match="`max_dense_bytes` must be at least 1, got 0"):
         network_support_vectors(net, x, y, max_dense_bytes=0)
-    from lightning_nsv import support_vectors
+    from lightning_nsv.analysis import checks
 
-    original = support_vectors.available_memory_bytes
-    support_vectors.available_memory_bytes = lambda: 1000
+    original = checks.available_memory_bytes
+    checks.available_memory_bytes = lambda: 1000
     try:
         with pytest.raises(ValueError, match="more than the 0.0 GB of memory available; use kernel='columns'"):
             network_support_vectors(net, x, y, kernel="dense")
     finally:
-        support_vectors.available_memory_bytes = original
+        checks.available_memory_bytes = original
 
 
 def test_dense_kernel_on_cuda_must_fit_in_its_free_memory(monkeypatch):
-    from lightning_nsv import support_vectors
     from lightning_nsv.support_vectors import _check_dense_fits
 
-    monkeypatch.setattr(support_vectors, "available_memory_bytes", lambda: 100 * 10**9)
+    monkeypatch.setattr("lightning_nsv.analysis.checks.available_memory_bytes", lambda: 100 * 10**9)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**8)  # held by torch, unused
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
@@ -341,8 +340,8 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     rows is converted exactly, so the columns and the diagonal equal those of the float64 inputs."""
     import lightning_nsv.path_space as path_space
 
-    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
-    monkeypatch.setattr(path_space, "INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
+    monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
+    monkeypatch.setattr("lightning_nsv.kernel.columns.INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
     net = random_net((5, 4), in_features=6, beta=beta, bias=bias, seed=2)
     x32 = torch.randn(80, 6, generator=torch.Generator().manual_seed(3))
     x64 = x32.double()
@@ -383,7 +382,7 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
 def test_float32_inputs_give_the_float64_analysis(monkeypatch):
     import lightning_nsv.path_space as path_space
 
-    monkeypatch.setattr(path_space, "INPUT_CHUNK_BYTES", 50 * 5 * 8)
+    monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 50 * 5 * 8)
     net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=4)
     x, y = self_labelled(net, 400, seed=5)
     x32 = x.float()
@@ -439,7 +438,7 @@ def test_gram_among_reads_the_input_gram_of_kept_samples_from_several_blocks():
 
 @pytest.mark.parametrize("bias, beta", [(False, 0.0), (True, 0.1)])
 def test_pruned_support_is_the_support_of_the_previous_supports_own_problem(monkeypatch, bias, beta):
-    from lightning_nsv import support_vectors as sv
+    from lightning_nsv.analysis import warm_start as sv
 
     net = random_net((6, 5), in_features=5, beta=beta, bias=bias, seed=6)
     x, y = self_labelled(net, 400, seed=7)
@@ -471,7 +470,7 @@ def test_a_warm_start_admits_the_previous_support(monkeypatch, solver):
     """The numpy solver admits the whole previous support (candidates from ``Q[F ∪ new, new]``: the members it drops
     never have full columns formed); the torch solver, which forms every admitted member's full column, admits only
     the members the new network still needs. The solution is the cold one either way."""
-    from lightning_nsv import support_vectors as sv
+    from lightning_nsv.analysis import binary as sv
 
     first, second, x, y = a_network_and_a_nearby_one(0.0, False, step=0.05, seed=2)
     cache = InputGramCache()

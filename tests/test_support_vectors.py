@@ -155,3 +155,26 @@ def test_labels_of_shape_n_by_1_are_one_label_per_sample():
     with pytest.raises(ValueError, match=r"binary labels need one label per sample, shape \(n,\) or \(n, 1\), got "
                                          r"\(4, 2\)"):
         signed_labels(torch.nn.functional.one_hot(y, 2))
+
+
+def test_report_marks_a_compression_bound_above_one_as_vacuous():
+    """A bound above 1 (or inf) says nothing about an error rate: the report says so; one below 1 is left plain."""
+    import dataclasses
+
+    from lightning_nsv.multiclass import multiclass_support_vectors
+    from tests.test_multiclass import random_net as multiclass_net, self_labelled as multiclass_labelled
+
+    net = random_net((5, 4), in_features=3, seed=3)
+    x, y = self_labelled(net, 60, seed=4)
+    binary = network_support_vectors(net, x, y)
+    net3 = multiclass_net((5,), 3, seed=5)
+    x3, y3 = multiclass_labelled(net3, 60, seed=6)
+    multi = multiclass_support_vectors(net3, x3, y3)
+    for analysis in (binary, multi):
+        assert analysis.bound > 1  # few samples, many bits per support vector
+        line = analysis.report().splitlines()[-1]
+        assert line.startswith("compression bound") and f"{analysis.bound:.4g} — vacuous (above 1" in line
+        assert dataclasses.replace(analysis, bound=0.25).report().splitlines()[-1].endswith(": 0.25")
+        infinite = dataclasses.replace(analysis, bound=math.inf).report().splitlines()[-1]
+        assert infinite.endswith("): inf — vacuous (s = m: every sample is a support vector, says nothing about "
+                                 "the error)")

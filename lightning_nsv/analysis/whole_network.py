@@ -36,25 +36,13 @@ from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
 from lightning_nsv.max_margin import NotSeparableError, max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.multiclass import (
-    MulticlassSupportVectorAnalysis,
-    _pair_result,
-    _pairs,
-    centred_gram,
-    class_labels,
-    multiclass_max_margin,
-    pair_margins,
-)
-from lightning_nsv.support_vectors import (
-    INITIAL_MARGINS,
-    SOLVERS,
-    SupportVectorAnalysis,
-    _check_finite_samples,
-    check_samples,
-    compression_bound,
-    signed_labels,
-    solver_backend_device,
-)
+from lightning_nsv.analysis.multiclass import MulticlassSupportVectorAnalysis, centred_gram
+from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, multiclass_max_margin, pair_margins
+from lightning_nsv.analysis.binary import SupportVectorAnalysis, signed_labels
+from lightning_nsv.analysis.bounds import compression_bound
+from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples
+from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
+from lightning_nsv.solver.options import SOLVERS, solver_device as solver_backend_device
 
 __all__ = ["SignsNotComputed", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "memory_estimate",
            "whole_network_support_vectors"]

@@ -12,7 +12,7 @@ from torch import Tensor
 from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
-from lightning_nsv.support_vectors import available_memory_bytes
+from lightning_nsv.analysis.checks import available_memory_bytes
 
 __all__ = ["BudgetedColumns", "memory_budget", "memory_estimate"]
 

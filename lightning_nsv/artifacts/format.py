@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv import __version__
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes
+from lightning_nsv.kernel.formulas import forward_with_slopes
+from lightning_nsv.kernel.network import PathNetwork
 
 FORMAT_VERSION = 4  # 4: a 'scope' ("head" or "whole"; older files are "head"); 3: the .pt carries the SHA-256 of
 OLDEST_READABLE = 2  # its content and the network's outputs; 2: neither

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from lightning_nsv.artifacts.format import ArtifactMismatchError, SupportVectorArtifact, network_outputs
 from lightning_nsv.artifacts.store import load_support_vectors
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel.network import PathNetwork
 
 def _import(dotted: str) -> Any:
     module, _, name = dotted.rpartition(".")
@@ -53,8 +53,8 @@ def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Mod
         ArtifactMismatchError: when the rebuilt training set or network outputs differ from the saved ones.
     """
     from lightning_nsv.extract import find_path_part
-    from lightning_nsv.multiclass import multiclass_support_vectors
-    from lightning_nsv.support_vectors import network_support_vectors
+    from lightning_nsv.analysis.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis.binary import network_support_vectors
 
     if not isinstance(artifact, SupportVectorArtifact):
         artifact = load_support_vectors(artifact)
@@ -109,7 +109,7 @@ def collect(dataset, module: torch.nn.Module, transform: Callable[[Tensor], Tens
 
 def check_labels(artifact: SupportVectorArtifact, y_train: Tensor, num_outputs: int) -> None:
     """The rebuilt training labels (±1 for one output, class indices for K) must be the saved ones."""
-    from lightning_nsv.support_vectors import signed_labels
+    from lightning_nsv.analysis.binary import signed_labels
 
     labels = signed_labels(y_train) if num_outputs == 1 else y_train.to(torch.int64)
     if not torch.equal(labels, artifact.labels):

@@ -18,7 +18,7 @@ from lightning_nsv.artifacts.format import (FORMAT_VERSION, ArtifactMismatchErro
                                             _check_content, _check_format, _check_summary, _payload_problems,
                                             _portable, _read_pt, _summary, content_sha256)
 from lightning_nsv.atomic import backup_path, locked, make_directory, replace_together, resolve_interrupted
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel.network import PathNetwork
 
 def _check_stem(stem: Any) -> None:
     if not isinstance(stem, str) or not stem or stem in (".", "..") or any(c in stem for c in "/\\\0") \

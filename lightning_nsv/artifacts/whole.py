@@ -65,7 +65,7 @@ def whole_network_payload(analysis: Any, module: nn.Module, x_train: Tensor, lab
         ``delta``, ``tol``; and ``method``, ``backend``, ``kkt_residual``, ``iterations``) and ``outputs``
         (:func:`module_outputs` on ``x_train``).
     """
-    from lightning_nsv.support_vectors import signed_labels
+    from lightning_nsv.analysis.binary import signed_labels
 
     scope = getattr(analysis, "scope", None)
     if not isinstance(scope, str) or not scope:

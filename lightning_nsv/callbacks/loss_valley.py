@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_nsv.callbacks.dashboard import valley_charts
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
@@ -74,8 +75,9 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     ``valley/cross_entropy_model`` = 0 and the caveat in the end-of-fit summary; ``other_loss="error"``
     refuses such a model instead.
 
-    At the end of fit, rank zero prints the verdicts (``rank_zero_info``, one line each): Lemma 2.1, the
-    escape path, Assumption 3.1.
+    At each analysis the verdicts (one line each: Lemma 2.1, the escape path, Assumption 3.1) go to TensorBoard's
+    Text tab (``valley/report``; a ``.md`` file for other loggers), and at the end of fit rank zero prints them
+    (``rank_zero_info``).
 
     A Ψ or outputs ``Ψ V + b`` with NaN or inf (a diverged network) have no certificates: as in
     :class:`~lightning_nsv.callbacks.psi_rank.PsiRankMonitor`, that analysis logs nothing, one warning says why,
@@ -85,8 +87,9 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     ``max_memory_bytes`` (checked at the start); the solve costs O(N·M·min(N, M)); the slice costs
     ``surface_points²`` passes over the training set.
 
-    **Logged metrics** (``prefix`` defaults to ``"valley/"``), via ``pl_module.log`` at the end of a training
-    epoch:
+    **Logged metrics** (``prefix`` defaults to ``"valley/"``), at the end of a training epoch, to
+    ``callback_metrics`` and to the loggers once, TensorBoard's against the epoch (as for ``PsiRankMonitor``; the
+    "valley" category of its Custom Scalars tab draws the verdicts together):
 
     - ``valley/mean_loss``, ``valley/max_loss``: mean and largest per-sample cross-entropy.
     - ``valley/lemma21_threshold``: ``log(2)/N``.
@@ -99,7 +102,9 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     - ``valley/escape_applies``: 1.0 if the residual is within tolerance (the certificate holds).
     - ``valley/escape_in_sublevel_set``: 1.0 if the maximum along the path is ``<= max(start, target)``.
     - ``valley/escape_convexity_gap``: largest excess of the curve over its chord (≤ 0 up to rounding).
-    - ``valley/escape_target_norm``: Frobenius norm of V*.
+    - ``valley/escape_target_norm``: Frobenius norm of V*, only where the certificate applies: otherwise V* is a
+      least-squares answer to an unsolvable system and its norm (1e11 for a near-singular Ψ) only says how near
+      singular Ψ is; the Text tab's verdict gives it with that reason.
     - ``valley/surface_center_loss``, ``valley/surface_min_loss``, ``valley/surface_max_loss`` (when
       ``surface_points > 0``).
     - ``valley/assumption31_analytic_increasing``, ``valley/assumption31_skip_activation``,
@@ -135,6 +140,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     """
 
     _figures = ("escape_path", "loss_surface")
+    _headline = ("lemma21_certified", "escape_applies", "assumption31_satisfied")
 
     def __init__(
         self,
@@ -258,8 +264,11 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             lines.append(f"escape path (Theorem 3.4): applies, the path to a loss of {m['escape_target_loss']:.3g} "
                          f"{path} (max {m['escape_max_loss']:.3g}, current {m['escape_start_loss']:.3g})")
         else:
+            norm = m.get("escape_target_norm")
             lines.append(f"escape path (Theorem 3.4): does not apply, Ψ V* = Y t* has relative residual "
-                         f"{m['escape_residual']:.2e} (it needs rank Ψ = N)")
+                         f"{m['escape_residual']:.2e} (it needs rank Ψ = N)"
+                         + ("" if norm is None else f"; the least-squares V* (norm {norm:.2g}) solves nothing, so its "
+                            "norm, which only says how near singular Ψ is, is not logged"))
         if m["assumption31_satisfied"]:
             lines.append("Assumption 3.1: satisfied")
         else:
@@ -270,6 +279,15 @@ class LossValleyMonitor(_SkipNetworkMonitor):
                 failed.append(f"distinct inputs ({int(m['assumption31_num_duplicates'])} duplicates)")
             lines.append(f"Assumption 3.1: does not hold ({', '.join(failed)}): Theorem 3.4 does not apply")
         return lines
+
+    def _logged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """All metrics but the norm of V* where the certificate does not apply (the summary says why)."""
+        if metrics.get("escape_applies", 1.0):
+            return metrics
+        return {key: value for key, value in metrics.items() if key != "escape_target_norm"}
+
+    def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
+        return valley_charts(self.prefix)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "warned_escape": self._warned_escape}

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from lightning_nsv.callbacks.nsv_checks import (ZeroErrorChecks, _check_arguments, _check_head_fits_classes,
                                                 _first_non_finite_parameter)
+from lightning_nsv.callbacks.dashboard import log_scalars
 from lightning_nsv.callbacks.nsv_data import _say_no_training_batches, _train_dataset, _trains_on_part, _val_dataset
 from lightning_nsv.callbacks.nsv_outputs import AnalysisOutputs, _register_hparams
 from lightning_nsv.callbacks.nsv_scope import ScopeChoice, WholeNetwork, _example_inputs
@@ -114,7 +115,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         LightningPackageMismatch: At ``setup`` when the Trainer comes from the other Lightning package.
 
     Logged metrics (``nsv/`` prefix, at each analysis, plus ``nsv/zero_error_epoch``, the first such epoch, and
-    ``nsv/zero_error_reached`` = 1):
+    ``nsv/zero_error_reached`` = 1), to ``callback_metrics`` and once to the loggers, TensorBoard's against the
+    epoch (repeated analyses draw curves; :mod:`~lightning_nsv.callbacks.dashboard`), the others' at the global step:
         ``n_support``, ``support_fraction`` (s/m), ``svm_margin`` (1/||v||), ``network_margin``
         (min y N(x) / ||w̄||), ``margin_ratio``, ``cosine_wbar_v``, ``kkt_residual``, ``svm_margin_violations``,
         ``svm_alpha_at_bound``, ``unique_patterns_train``, ``unique_patterns_val``, ``val_agreement``,
@@ -123,12 +125,15 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         ``path_zero_count``; from the second analysis on (``stop_on_zero_error=False``),
         ``support_jaccard_previous`` (overlap with the last support set), ``patterns_changed`` (training samples
         whose activation pattern changed since the last analysis) and the figure ``nsv/max_margin_approach``
-        (cosine and margin ratio against log epoch). For K-class heads also ``n_support_class<k>``. The same metrics are registered in TensorBoard's HParams tab, and the report goes to its
-        Text tab (``nsv/report``). Figures (TensorBoard, a logger with ``log_image``, else PNG files under
-        ``<save_dir>/figures``): ``nsv/support_vectors`` (image data), ``nsv/log10_alpha`` (histogram of log10 α),
-        ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D inputs: network and SVM side by side),
-        ``nsv/path_weights`` (networks of at most 400 weights, coloured by sign); these two for a head only. The
-        whole network adds ``scope_maps``, ``scope_gate_layers``, ``scope_max_pools`` and ``scope_gates``.
+        (cosine and margin ratio against log epoch). For K-class heads also ``n_support_class<k>``.
+        TensorBoard: Custom Scalars groups the headline numbers, HParams lists them first (hyperparameters: see
+        :func:`~lightning_nsv.callbacks.dashboard.select_hparams`), the report goes to the Text tab (``nsv/report``). Figures (TensorBoard, a logger with ``log_image``, else PNG files under
+        ``<save_dir>/figures``): ``nsv/summary`` (the card of :func:`~lightning_nsv.plotting.plot_summary_card`:
+        the headline numbers, the bound marked vacuous above 1), ``nsv/support_vectors`` (image data),
+        ``nsv/log10_alpha`` (histogram of log10 α), ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D
+        inputs: network and SVM side by side), ``nsv/path_weights`` (networks of at most 400 weights, coloured by
+        sign); these two for a head only. The whole network adds ``scope_maps``, ``scope_gate_layers``,
+        ``scope_max_pools`` and ``scope_gates``.
         When a fit ends at ``max_epochs`` without zero training error, ``nsv/zero_error_reached`` = 0 is written
         and a warning gives the number of training samples still misclassified; a fit stopped earlier says
         "not reached yet" and writes no verdict.
@@ -301,9 +306,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
                 f"({wrong} of {len(dataset)} training samples misclassified at the end), so there are no network "
                 f"support vectors. {advice}"
             )
-            if trainer.is_global_zero:
-                for logger in trainer.loggers:
-                    logger.log_metrics({"nsv/zero_error_reached": 0.0}, step=trainer.global_step)
+            log_scalars(trainer, {"nsv/zero_error_reached": 0.0}, max(epochs - 1, 0))  # the last epoch, on rank 0
         else:
             rank_zero_info(
                 f"NetworkSupportVectors: zero training error not reached yet when training stopped after {epochs} "
@@ -394,10 +397,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         if self.zero_error_epoch is None:
             self.zero_error_epoch = self._current_epoch(trainer)
         self._record(metrics, trainer)
-        for key, value in metrics.items():
-            pl_module.log(f"nsv/{key}", value, on_step=False, on_epoch=True)
-        pl_module.log("nsv/zero_error_epoch", float(self.zero_error_epoch), on_step=False, on_epoch=True)
-        pl_module.log("nsv/zero_error_reached", 1.0, on_step=False, on_epoch=True)
+        self._publish(trainer, pl_module, metrics, self._current_epoch(trainer))
         if self.stop_on_zero_error:
             trainer.should_stop = True
         return True

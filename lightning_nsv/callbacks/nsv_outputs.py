@@ -11,6 +11,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors, whole_network_payload
+from lightning_nsv.callbacks.dashboard import (HEADLINE, hparams_metrics, log_scalars, nsv_charts, register_hparams,
+                                               write_layout)
 from lightning_nsv.callbacks.nsv_data import _gather
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import pl, rank_zero_info
@@ -53,24 +55,10 @@ def _markdown_report(epoch: int, analysis: SupportVectorAnalysis, report: str) -
 
 
 def _register_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
-    """Register the analysis metrics in TensorBoard's HParams tab (values are read from the scalars)."""
-    writers = [lg.experiment for lg in trainer.loggers
-               if callable(getattr(getattr(lg, "experiment", None), "_get_file_writer", None))]
-    if not writers:
-        return
-    from torch.utils.tensorboard.summary import hparams
-
-    params: dict[str, Any] = {}
-    for prefix, source in (("model", getattr(pl_module, "hparams", {})),
-                           ("data", getattr(trainer.datamodule, "hparams", {}))):
-        for key, value in dict(source or {}).items():
-            if not str(key).startswith("_"):
-                params[f"{prefix}/{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    summaries = hparams(params, {f"nsv/{key}": value for key, value in metrics.items()})
-    for writer in writers:
-        file_writer = writer._get_file_writer()
-        for summary in summaries:
-            file_writer.add_summary(summary)
+    """The run's HParams session (:func:`~lightning_nsv.callbacks.dashboard.register_hparams`): the headline metrics
+    of the Trainer's analysis callbacks first, then the rest of this analysis' (the table reads the scalars)."""
+    register_hparams(trainer, {"model": pl_module, "data": trainer.datamodule},
+                     hparams_metrics(trainer, [f"nsv/{key}" for key in metrics]))
 
 
 class AnalysisOutputs:
@@ -103,14 +91,18 @@ class AnalysisOutputs:
                          y_train: Tensor, net, x_train: Tensor, epoch: int) -> FigureSink:
         """Save the artifact and send the markdown report to the loggers; returns the sink of the figures."""
         self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
+        write_layout(trainer)  # once per run
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis, self._report_of(analysis)), trainer.global_step)
         return sink
 
     def _log_figures(self, trainer, dataset, net, x_train: Tensor, y_train: Tensor, analysis: SupportVectorAnalysis,
                      metrics: dict[str, float], epoch: int, sink: FigureSink) -> None:
-        """The approach to the max-margin classifier (from the second analysis on), the support vectors, and for a
-        binary head its decision boundaries and path weights."""
+        """The summary card, the approach to the max-margin classifier (from the second analysis on), the support
+        vectors, and for a binary head its decision boundaries and path weights."""
+        from lightning_nsv.plotting import plot_summary_card
+
+        sink.figure("nsv/summary", plot_summary_card(metrics, epoch)[0], trainer.global_step)
         if self.history:
             from lightning_nsv.plotting import plot_max_margin_approach
 
@@ -121,6 +113,27 @@ class AnalysisOutputs:
         self._log_support_vectors(trainer, dataset, analysis, sink)
         if net.num_outputs == 1 and isinstance(net, PathNetwork):  # the figures read the head's path network
             self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float],
+                 epoch: int) -> None:
+        """The analysis' numbers, ``nsv/zero_error_epoch`` and ``nsv/zero_error_reached`` = 1 to ``callback_metrics``
+        on every rank (``pl_module.log(..., logger=False)``) and once to the loggers, TensorBoard's against the epoch
+        (:func:`~lightning_nsv.callbacks.dashboard.log_scalars`): repeated analyses draw curves over epochs, and no
+        number reaches TensorBoard twice (through Lightning at the global step as well)."""
+        logged = {f"nsv/{key}": value for key, value in metrics.items()}
+        logged.update({"nsv/zero_error_epoch": float(self.zero_error_epoch), "nsv/zero_error_reached": 1.0})
+        for tag, value in logged.items():
+            pl_module.log(tag, value, on_step=False, on_epoch=True, logger=False)
+        log_scalars(trainer, logged, epoch)
+
+    def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
+        """The "support vectors" category of the custom-scalars layout."""
+        per_class = self._path is not None and self._path.num_outputs > 1
+        return nsv_charts("nsv/", per_class=per_class, repeated=not self.stop_on_zero_error)
+
+    def dashboard_headline(self) -> list[str]:
+        """The tags the HParams table shows as its first metric columns."""
+        return [f"nsv/{key}" for key in HEADLINE]
 
     def _say(self, trainer: pl.Trainer, text: str) -> None:
         """Print on lines of its own: through the progress bar where one is shown, else the rank-zero log."""

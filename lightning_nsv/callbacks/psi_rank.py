@@ -6,6 +6,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_nsv.callbacks.dashboard import hparams_metrics, log_scalars, psi_charts, register_hparams, write_layout
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
@@ -44,6 +45,7 @@ class _SkipNetworkMonitor(Callback):
     implement :meth:`_compute` (rank 0 only) and name the results that have a figure in ``_figures``."""
 
     _figures: tuple[str, ...] = ()
+    _headline: tuple[str, ...] = ()
 
     def __init__(self, every_n_epochs: int, batch_size: int, max_memory_bytes: int, log_figure: bool,
                  prefix: str) -> None:
@@ -54,6 +56,7 @@ class _SkipNetworkMonitor(Callback):
         self.every_n_epochs, self.batch_size, self.max_memory_bytes = every_n_epochs, batch_size, max_memory_bytes
         self.log_figure, self.prefix = log_figure, prefix
         self.last_epoch: int | None = None
+        self._epoch: int | None = None  # the checkpoint's epoch during analyze_now
         self.last_metrics: dict[str, float] = {}
         self.failed_epoch: int | None = None  # the last epoch whose analysis met non-finite values
 
@@ -89,7 +92,11 @@ class _SkipNetworkMonitor(Callback):
         """Run once outside the schedule (``lightning-nsv analyze``), with the checks of the start of training
         first; ``epoch`` is the checkpoint's."""
         self.on_train_start(trainer, pl_module)
-        self._run(trainer, pl_module)
+        self._epoch = epoch
+        try:
+            self._run(trainer, pl_module)
+        finally:
+            self._epoch = None
 
     def _run(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> None:
         directory = log_directory(trainer) / "figures"  # a collective: every rank asks
@@ -116,14 +123,43 @@ class _SkipNetworkMonitor(Callback):
                                f"ones while this lasts): {failure}")
             self.failed_epoch = trainer.current_epoch
             return
-        for key, value in metrics.items():
-            pl_module.log(self.prefix + key, value, on_step=False, on_epoch=True)
-        if results is not None and self.log_figure:
-            sink = FigureSink(trainer.loggers, directory, type(self).__name__)
+        self._publish(trainer, pl_module, results, metrics, directory)
+
+    def _publish(self, trainer: pl.Trainer, pl_module: SkipNetwork, results: dict[str, Any] | None,
+                 metrics: dict[str, float], directory: Any) -> None:
+        """The numbers to ``callback_metrics`` on every rank and, on rank 0, to the loggers against the epoch, the
+        custom-scalars layout and the HParams session (once per run), the figures and the verdicts in the Text tab
+        (``<prefix>report``)."""
+        epoch = trainer.current_epoch if self._epoch is None else self._epoch
+        logged = {self.prefix + key: value for key, value in self._logged(metrics).items()}
+        for key, value in logged.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, logger=False)
+        self.last_epoch, self.last_metrics = epoch, dict(metrics)
+        if results is None:  # the other ranks: rank 0 writes
+            return
+        write_layout(trainer)
+        log_scalars(trainer, logged, epoch)
+        register_hparams(trainer, {"model": pl_module, "data": trainer.datamodule}, hparams_metrics(trainer, logged))
+        sink = FigureSink(trainer.loggers, directory, type(self).__name__)
+        if self.log_figure:
             for name in self._figures:
                 if name in results:
                     sink.figure(self.prefix + name, results[name].plot()[0], trainer.global_step)
-        self.last_epoch, self.last_metrics = trainer.current_epoch, dict(metrics)
+        lines = "  \n".join(self._summary())
+        sink.text(self.prefix + "report", f"**{type(self).__name__} at epoch {epoch}**  \n{lines}", trainer.global_step)
+
+    def _logged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The metrics that go to the loggers (all of them here)."""
+        return metrics
+
+    def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
+        """This monitor's category of the custom-scalars layout
+        (:func:`~lightning_nsv.callbacks.dashboard.write_layout`)."""
+        raise NotImplementedError
+
+    def dashboard_headline(self) -> list[str]:
+        """The tags of this monitor that the HParams table shows among its first metric columns."""
+        return [self.prefix + key for key in self._headline]
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_epoch": self.last_epoch, "last_metrics": dict(self.last_metrics),
@@ -161,8 +197,10 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     accuracy and tolerance (see :func:`~lightning_nsv.psi.psi_spectrum_streaming`). If the limit is below
     ``16·min(N, M)²`` bytes too, training stops at its start with an error that says so.
 
-    **Logged metrics** (``prefix`` defaults to ``"psi/"``), via ``pl_module.log`` at the end of a training
-    epoch:
+    **Logged metrics** (``prefix`` defaults to ``"psi/"``), at the end of a training epoch, to ``callback_metrics``
+    (``pl_module.log(..., logger=False)``) and to the loggers once, TensorBoard's against the epoch
+    (:func:`~lightning_nsv.callbacks.dashboard.log_scalars`; the "Ψ" category of its Custom Scalars tab draws the
+    rank against N):
 
     - ``psi/rank``: numerical rank of Ψ.
     - ``psi/sigma_min``: smallest of the min(N, M) singular values.
@@ -175,7 +213,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     Figure (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``psi/spectrum``,
     the singular values on a log scale with the tolerance.
 
-    At the end of fit, rank zero prints one line (``rank_zero_info``), e.g. ``PsiRankMonitor: Ψ: N=400,
+    At each analysis that line goes to TensorBoard's Text tab (``psi/report``; a ``.md`` file for other loggers), and
+    at the end of fit, rank zero prints it (``rank_zero_info``), e.g. ``PsiRankMonitor: Ψ: N=400,
     M=464, rank 347 < N (σ_min 3.1e-15, cond 2.4e+18): the no-bad-valley condition does not hold``.
 
     A Ψ with NaN or inf (a diverged network) has no spectrum: that analysis logs nothing, a warning (once until
@@ -207,6 +246,7 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     """
 
     _figures = ("spectrum",)
+    _headline = ("rank", "full_rank", "sigma_min")
 
     def __init__(
         self,
@@ -255,3 +295,6 @@ class PsiRankMonitor(_SkipNetworkMonitor):
 
     def _summary(self) -> list[str]:
         return [spectrum_summary(self.last_metrics)]
+
+    def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
+        return psi_charts(self.prefix)

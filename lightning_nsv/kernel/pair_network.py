@@ -15,7 +15,8 @@ from torch import Tensor
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
-from lightning_nsv.path_space import PathKernelColumns, path_kernel, path_kernel_diagonal
+from lightning_nsv.kernel.columns import PathKernelColumns
+from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]

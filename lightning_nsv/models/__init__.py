@@ -5,8 +5,9 @@ family, ``eval_mode``) without importing Lightning.
 """
 from importlib import import_module
 
-_HOMES = {"ConvFCNet": "conv_fc", "LeakyReLUFamily": "layers", "LeakyReLUMLP": "mlp", "ResidualBlock": "residual",
-          "SkipNetwork": "skip", "SmallResNet": "residual", "make_activation": "layers", "mlp_sequential": "layers"}
+_HOMES = {"ConvFCNet": "conv_fc", "LeakyReLUFamily": "layers", "LeakyReLUMLP": "mlp", "ResNetClassifier": "resnet",
+          "ResidualBlock": "residual", "SkipNetwork": "skip", "SmallResNet": "residual", "make_activation": "layers",
+          "mlp_sequential": "layers"}
 
 __all__ = sorted(_HOMES)
 

@@ -14,13 +14,15 @@
   :func:`plot_support_stability`, the matrix beside how many samples are support vectors in exactly c runs.
 - Ψ and the loss-valley certificates of skip networks (DESIGN §3): :func:`plot_psi_spectrum`,
   :func:`plot_escape_path`, :func:`plot_loss_surface` (the results' ``plot(ax)`` methods).
+- :func:`plot_summary_card`: the numbers of one analysis read first (TensorBoard's ``nsv/summary`` image), under
+  the verdict line of :func:`summary_verdict`.
 
 Single-panel figures are :data:`CARD_WIDTH` (4.5 inches) wide: one column of a two-column paper with little
 scaling, and at matplotlib's 100 dpi about the 330-500 pixels that TensorBoard's image cards show, so their text
 stays readable there.
 
 The modules: :mod:`~lightning_nsv.plotting.base` (what every figure shares, :func:`plot_axes`),
-:mod:`~lightning_nsv.plotting.support` (one analysis), :mod:`~lightning_nsv.plotting.runs` (sweeps, agreement,
+:mod:`~lightning_nsv.plotting.support` (one analysis), :mod:`~lightning_nsv.plotting.summary` (its card), :mod:`~lightning_nsv.plotting.runs` (sweeps, agreement,
 stability across runs), :mod:`~lightning_nsv.plotting.certificates` (Ψ and the valley certificates).
 """
 from __future__ import annotations
@@ -35,9 +37,10 @@ from lightning_nsv.plotting.runs import (agreement_counts, plot_agreement, plot_
 from lightning_nsv.plotting.support import (GridDecisions, alpha_histogram, data_extent, decision_grid, image_grid,
                                             max_margin_decision, plot_decision_boundaries, plot_max_margin_approach,
                                             plot_path_weights)
+from lightning_nsv.plotting.summary import plot_summary_card, summary_verdict
 
 __all__ = ["CARD_WIDTH", "GridDecisions", "agreement_counts", "alpha_histogram", "data_extent", "decision_grid",
            "error_bar_caption", "image_grid", "max_margin_decision", "plot_agreement", "plot_axes",
            "plot_decision_boundaries", "plot_escape_path", "plot_jaccard_matrix", "plot_loss_surface",
-           "plot_max_margin_approach", "plot_path_weights", "plot_psi_spectrum", "plot_support_stability",
-           "plot_sweep", "plot_unique_patterns", "short_number"]
+           "plot_max_margin_approach", "plot_path_weights", "plot_psi_spectrum", "plot_summary_card",
+           "plot_support_stability", "plot_sweep", "plot_unique_patterns", "short_number", "summary_verdict"]

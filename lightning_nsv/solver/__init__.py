@@ -55,7 +55,7 @@ def max_margin(
 
     Args:
         kernel: a :class:`~lightning_nsv.solver.protocol.KernelColumns` (e.g.
-            :class:`~lightning_nsv.path_space.PathKernelColumns`: signed columns ``y_i y_j K_ij / scale`` from the
+            :class:`~lightning_nsv.kernel.columns.PathKernelColumns`: signed columns ``y_i y_j K_ij / scale`` from the
             provider itself, and with float64 blocks ``Q[idx, idx]`` the numpy solver admits candidates from that
             block and forms full columns only for those still free when the margins are next needed); a dense
             ``(m, m)`` kernel (numpy or a tensor); or a function returning the columns ``K[:, idx]`` for an index
@@ -90,7 +90,12 @@ def max_margin(
     scale = float(diag.mean())
     if intercept:
         return svc_with_intercept(columns.columns(np.arange(y.shape[0])) / scale, y, scale, C)
-    device = None if device is None else torch.device(device)
+    return _through_origin(columns, y, scale, options, initial, None if device is None else torch.device(device))
+
+
+def _through_origin(columns, y: np.ndarray, scale: float, options: SolverOptions, initial: np.ndarray | None,
+                    device: torch.device | None) -> MaxMarginResult:
+    """The active-set solve of the problem through the origin, its columns kept on ``device`` (numpy: ``None``)."""
     store = store_for(columns, y, scale, device)
     with single_threaded_blas():
         return active_set(store, y, scale, options.tol, options.max_iter, initial,

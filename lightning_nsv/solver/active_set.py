@@ -32,6 +32,7 @@ __all__ = ["active_set", "sample_indices", "solver_progress"]
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
 MAX_REFINEMENTS = 3  # steps of iterative refinement at the end
+INVERSE_BLOCK = 32  # columns of Q_FF⁻¹ solved for at a time in a descent
 
 
 def active_set(store, y, scale, tol, max_iter, initial, free_set=NumpyFreeSet, initial_block=None) -> MaxMarginResult:
@@ -125,9 +126,11 @@ def _solution(free: FreeSet, alpha, gradient, y, scale, tol, iteration) -> MaxMa
 def _descend(free: FreeSet, alpha: np.ndarray) -> np.ndarray:
     """Move from feasible ``alpha`` towards ``Q_FF⁻¹ 1``, dropping members whose coefficient reaches zero.
 
-    Dropped members D stay in the factor ``L`` for up to :data:`DROP_BATCH` steps and are held at zero by the
-    equality constraints ``x_D = 0``: ``x = L⁻ᵀ(u + Z μ)``, ``u = L⁻¹ 1``, ``Z = L⁻¹ E_D``, ``(ZᵀZ) μ = −Zᵀu``
-    (two triangular solves a step); then one downdate removes them all (:meth:`FreeSet.remove`)."""
+    Dropped members D stay in the factor for up to :data:`DROP_BATCH` steps and are held at zero by the equality
+    constraints ``x_D = 0``: ``x = t + W μ``, ``t = Q_FF⁻¹ 1``, ``W = Q_FF⁻¹ E_D``, ``W_DD μ = −t_D`` (Lawson & Hanson's
+    NNLS steps in the range space of ``Q_FF``); the columns of ``W`` come from one blocked solve for the members that
+    block the step (:class:`_InverseColumns`), so a step costs ``O(n·|D|)``; then one downdate removes them all
+    (:meth:`FreeSet.remove`)."""
     while True:
         alpha, dropped, done = _descend_steps(free, alpha)
         free.remove(dropped)
@@ -141,20 +144,21 @@ def _descend_steps(free: FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.nda
     n = len(alpha)
     if not n:
         return alpha, np.zeros(0, dtype=np.int64), True
-    u = free.lower_solve(np.ones(n))
+    unconstrained = free.solve_ones()
+    inverse = _InverseColumns(free)
     dropped = np.zeros(n, dtype=bool)
-    z = np.zeros((n, 0))
+    order: list[int] = []  # the dropped positions in the order they were dropped
     while True:
-        if z.shape[1]:
+        target = unconstrained
+        if order:
+            w_dd = inverse.rows(order)
             try:
-                gram = scipy.linalg.cho_factor(z.T @ z, lower=True, check_finite=False)
+                gram = scipy.linalg.cho_factor((w_dd + w_dd.T) / 2, lower=True, check_finite=False)
             except np.linalg.LinAlgError:  # Q_FF too ill-conditioned to hold members at zero: downdate now
                 return alpha, np.flatnonzero(dropped), False
-            mu = scipy.linalg.cho_solve(gram, -(z.T @ u), check_finite=False)
-            target = free.lower_t_solve(u + z @ mu)
+            target = unconstrained + inverse.columns(order) @ scipy.linalg.cho_solve(
+                gram, -unconstrained[order], check_finite=False)
             target[dropped] = 0.0
-        else:
-            target = free.lower_t_solve(u)
         blocking = (target <= 0) & ~dropped
         if not blocking.any():
             return target, np.flatnonzero(dropped), True
@@ -168,11 +172,40 @@ def _descend_steps(free: FreeSet, alpha: np.ndarray) -> tuple[np.ndarray, np.nda
         alpha[new] = 0.0
         alpha[~dropped] = np.clip(alpha[~dropped], 0.0, None)
         dropped[new] = True
-        if dropped.sum() >= min(DROP_BATCH, n):
+        order += new.tolist()
+        if len(order) >= min(DROP_BATCH, n):
             return alpha, np.flatnonzero(dropped), False
-        unit = np.zeros((n, len(new)))
-        unit[new, np.arange(len(new))] = 1.0
-        z = np.hstack([z, free.lower_solve(unit)])
+        inverse.solve_for(new, np.flatnonzero(blocking & ~dropped)[np.argsort(ratios[blocking & ~dropped])])
+
+
+class _InverseColumns:
+    """Columns ``Q_FF⁻¹ e_k`` of members k, solved for in blocks: with those asked for, the members that block the
+    current step (most blocking first, up to :data:`INVERSE_BLOCK` in all), which the steps after it mostly drop;
+    one blocked solve reads the factor once for all of them, where one solve per member would read it each time."""
+
+    def __init__(self, free: FreeSet) -> None:
+        self.free = free
+        self.column = np.full(len(free), -1, dtype=np.int64)
+        self.solved = np.zeros((len(free), 0))
+
+    def solve_for(self, needed: np.ndarray, likely: np.ndarray) -> None:
+        """Make sure the columns of ``needed`` are at hand, solving for those of ``likely`` too when a solve is due."""
+        missing = needed[self.column[needed] < 0]
+        if not len(missing):
+            return
+        extra = likely[self.column[likely] < 0]
+        block = np.concatenate([missing, extra[~np.isin(extra, missing)]])[:max(INVERSE_BLOCK, len(missing))]
+        unit = np.zeros((len(self.column), len(block)), order="F")
+        unit[block, np.arange(len(block))] = 1.0
+        self.column[block] = self.solved.shape[1] + np.arange(len(block))
+        self.solved = np.hstack([self.solved, self.free.solve(unit)])
+
+    def columns(self, members: list[int]) -> np.ndarray:
+        return self.solved[:, self.column[members]]
+
+    def rows(self, members: list[int]) -> np.ndarray:
+        """``(Q_FF⁻¹)[members, members]``."""
+        return self.solved[np.ix_(members, self.column[members])]
 
 
 def _refine(free: FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarray:
