@@ -174,13 +174,16 @@ def test_what_is_not_piecewise_linear_is_refused_as_a_whole(tmp_path, kind, op):
         _fit(tmp_path, CNN(kind), DigitsDataModule(m=40, batch_size=10, seed=0), callback, max_epochs=1)
 
 
-def test_auto_falls_back_to_the_head_of_what_is_not_piecewise_linear(tmp_path, caplog):
-    callback = NetworkSupportVectors()
+@pytest.mark.parametrize("kind, arguments, why", [
+    ("gelu", {}, "it is not piecewise linear as a whole: net.0.gelu: torch._C._nn.gelu is not piecewise linear"),
+    ("relu", {"intercept": True}, "`intercept=True` (the paper's SVC protocol) is an analysis of the head"),
+])
+def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, caplog, kind, arguments, why):
+    callback = NetworkSupportVectors(**arguments)
     with caplog.at_level(logging.INFO):
-        _fit(tmp_path, CNN("gelu"), DigitsDataModule(m=40, batch_size=10, seed=0), callback, max_epochs=1)
+        _fit(tmp_path, CNN(kind), DigitsDataModule(m=40, batch_size=10, seed=0), callback, max_epochs=1)
     said = [r.getMessage() for r in caplog.records if "is not analysed because" in r.getMessage()]
-    assert len(said) == 1 and "the whole of CNN is not analysed because it is not piecewise linear as a whole: " \
-        "net.0.gelu: torch._C._nn.gelu is not piecewise linear" in said[0]
+    assert len(said) == 1 and f"the whole of CNN is not analysed because {why}" in said[0]
     assert "Analysing its head instead (head only: 2 Linear layers of CNN.net" in said[0]
     assert callback._scope_text.startswith("head only: ") and not callback._whole
 
@@ -200,6 +203,8 @@ def test_scope_is_validated():
         NetworkSupportVectors(scope="whole", intercept=True)
     with pytest.raises(ValueError, match=r"`multiclass='ovr'` is an analysis of the head"):
         NetworkSupportVectors(scope="whole", multiclass="ovr")
+    with pytest.raises(ValueError, match=r"`path_module`/`embedding` name a head and its trunk, but scope='whole'"):
+        NetworkSupportVectors(scope="whole", embedding="trunk")
 
 
 def test_an_mlp_with_defaults_is_the_head_analysis_bit_for_bit(tmp_path):

@@ -58,6 +58,9 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
     check_choice("scope", scope, SCOPES, "'whole' analyses the whole module, 'head' its Linear/Leaky-ReLU head after "
                  "a fixed embedding (paper 000's CNN + FC), 'auto' the whole module unless `path_module`/`embedding` "
                  "name a head or it is not piecewise linear")
+    if scope == "whole" and (path_module is not None or embedding is not None):
+        raise ValueError("`path_module`/`embedding` name a head and its trunk, but scope='whole' analyses the whole "
+                         "module: pass scope='head' (or leave scope out) to analyse that head, or drop them")
     if scope == "whole" and (intercept or multiclass == "ovr"):
         option = "intercept=True` (the paper's SVC protocol)" if intercept else "multiclass='ovr'`"
         raise ValueError(f"`{option} is an analysis of the head; the whole network is analysed through the origin "

@@ -116,7 +116,8 @@ def head_scope_line(part: PathPart, embedding: str | None = None) -> str:
     sizes = "→".join(str(n) for n in [part.linears[0].in_features, *(lin.out_features for lin in part.linears)])
     slopes = sorted({(b, g) for b, g in zip(part.betas, part.gammas)})
     gates = "; ".join(f"β = {b:g}, γ = {g:g}" for b, g in slopes)
-    line = f"head only: {len(part.linears)} Linear layers of {part.name} ({sizes}{', gates ' + gates if gates else ''})"
+    count = f"{len(part.linears)} Linear layer{'s' * (len(part.linears) > 1)}"
+    line = f"head only: {count} of {part.name} ({sizes}{', gates ' + gates if gates else ''})"
     if _parameter_free(part.embedding):
         return f"{line}; no trunk, so the head is the whole network"
     named = f"`{embedding}` " if embedding else ""
@@ -161,7 +162,8 @@ class ScopeChoice:
         except (NotPiecewiseLinearError, ValueError) as err:  # ValueError: e.g. a graph that is not the module's
             if self.scope == "whole":
                 raise type(err)(f"NetworkSupportVectors(scope='whole'): {err} {HEAD_CHOICE}") from None
-            return self._fall_back(pl_module, f"it is not piecewise linear as a whole: {str(err).rstrip('.')}")
+            how = "is not piecewise linear" if isinstance(err, NotPiecewiseLinearError) else "could not be traced"
+            return self._fall_back(pl_module, f"it {how} as a whole: {str(err).rstrip('.')}")
         summary = scope_summary(graph)
         if self.scope == "auto" and _is_the_head(self._head, summary):
             self._path = self._head
