@@ -10,8 +10,12 @@ Example::
 (``NetworkSupportVectors``; ``PsiRankMonitor`` and ``LossValleyMonitor`` for skip networks) once, with the same
 logs and files as during training, at the checkpoint's step, without training. The analysis stands alone (no
 comparison with the analyses logged before the checkpoint was saved); the model is rebuilt from the
-checkpoint's hyperparameters. ``--threads N`` sets the torch and BLAS thread pools (one
-thread is often fastest for these small networks on a shared machine).
+checkpoint's hyperparameters. It logs in a run of its own, ``<the checkpoint's run>-analysis-epoch<E>`` beside
+the fit's (TensorBoard and CSV loggers whose version the config leaves unset), and says which checkpoint it
+analyses again, on the console and in the Text tab (``re-analysis``). ``fit`` and ``analyze`` end by printing the
+log folder and the result file. ``--threads N`` sets the torch and BLAS thread pools (one thread is often fastest
+for these small networks on a shared machine). The optimizer is the model's own (``--model.optimizer``,
+``--model.lr``); LightningCLI's ``--optimizer``, when given, replaces it (see ``lightning_nsv.cli_help``).
 
 Before LightningCLI reads a ``--ckpt_path``, :func:`read_checkpoint` checks it (a whole zip archive, every CRC
 right, loadable with ``weights_only=True``, a Lightning checkpoint). ``analyze`` and a resumed ``fit`` then compare
@@ -27,26 +31,38 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import re
+import time
 import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from jsonargparse import Namespace
 
 import lightning_nsv.callbacks  # noqa: F401
 import lightning_nsv.datamodules  # noqa: F401
 from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, ResNetClassifier, SkipNetwork  # noqa: F401  (short names)
 from lightning_nsv.artifacts import plain
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
-from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_warn, submodule
+from lightning_nsv.callbacks.sinks import FigureSink, log_directory
+from lightning_nsv.cli_help import NSVArgumentParser, check_example_script_options, describe_groups
+from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_info, rank_zero_warn, \
+    submodule
 from lightning_nsv.datamodules import ClassificationDataModule
 
 LightningCLI = submodule("cli").LightningCLI
 
 # third-party deprecation notices and advertisements that say nothing about the user's run
-_NOISE = (".*isinstance\\(treespec, LeafSpec\\).*", ".*skip_none parameter was deprecated.*")
+_NOISE = (".*isinstance\\(treespec, LeafSpec\\).*",)
+# and LightningCLI's own calls of jsonargparse APIs that newer jsonargparse deprecates (skip_none, ...)
+_NOISY_MODULE = re.escape(f"{PACKAGE}.cli") + "$"
 
+
+_DESCRIPTION = ("Train a LightningModule with the analysis callbacks (fit), analyse a trained checkpoint again "
+                "(analyze), or compare the support sets of result files (lightning-nsv compare --help).")
 
 # `--ckpt_path` values that Lightning resolves itself (fit, validate, test, predict; not analyze)
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
@@ -195,6 +211,38 @@ def _check_weights_fit(model: LightningModule, state_dict: dict[str, Any], ckpt_
         )
 
 
+def _name_analysis_run(config: Any, ckpt_path: Path, epoch: int) -> None:
+    """Give ``analyze``'s TensorBoard and CSV loggers a run name of their own where the config sets none:
+    ``<the checkpoint's run>-analysis-epoch<E>`` (``<checkpoint stem>-analysis-epoch<E>`` for a checkpoint outside
+    a run's ``checkpoints/`` folder), with ``_2``, ``_3``, ... when analysed again. Lightning's default logger is
+    made explicit to be named."""
+    loggers = config.get("trainer.logger")
+    if loggers in (None, True):
+        loggers = config["trainer.logger"] = Namespace(
+            class_path=f"{PACKAGE}.loggers.TensorBoardLogger",
+            init_args=Namespace(save_dir=config.get("trainer.default_root_dir") or os.getcwd()))
+    run = ckpt_path.parent.parent.name if ckpt_path.parent.name == "checkpoints" else ckpt_path.stem
+    loggers = loggers if isinstance(loggers, list) else [loggers]
+    for logger in loggers:
+        if not isinstance(logger, Namespace) or logger.get("init_args.version") is not None:
+            continue
+        try:
+            cls = getattr(importlib.import_module(logger.class_path.rpartition(".")[0]),
+                          logger.class_path.rpartition(".")[2])
+        except (ImportError, AttributeError, ValueError):
+            continue
+        if not issubclass(cls, (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger)):
+            continue  # other loggers' versions are run ids (W&B, MLflow): left to them
+        args = logger.get("init_args") or Namespace()
+        name = args.get("name", "lightning_logs")
+        root = Path(args.get("save_dir") or config.get("trainer.default_root_dir") or ".") / (name or "")
+        version, again = f"{run}-analysis-epoch{epoch}", 1
+        while (root / version).exists():
+            again += 1
+            version = f"{run}-analysis-epoch{epoch}_{again}"
+        logger["init_args.version"] = version
+
+
 def _raised_in_package(error: BaseException) -> bool:
     """Whether ``error`` was raised in this package's code (a model's or data module's argument check)."""
     package = Path(__file__).parent
@@ -211,16 +259,24 @@ class _DropTips(logging.Filter):
 
 class _AnalyzeOnValidation(pl.Callback):
     """Runs the analysis callbacks once, at the end of the validation epoch of ``Trainer.analyze``, on the
-    training set the checkpoint records (where it records one)."""
+    training set the checkpoint records (where it records one), after a line (console and the loggers' Text tab,
+    tag ``re-analysis``) that says which checkpoint is analysed again."""
 
-    def __init__(self, callbacks: list[Any], epoch: int) -> None:
-        self.callbacks, self.epoch = callbacks, epoch
+    def __init__(self, callbacks: list[Any], epoch: int, ckpt_path: str | Path) -> None:
+        self.callbacks, self.epoch, self.ckpt_path = callbacks, epoch, Path(ckpt_path)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if isinstance(trainer.datamodule, ClassificationDataModule):  # restored from the checkpoint by now
             trainer.datamodule.check_training_indices()
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        directory = log_directory(trainer)  # a collective: every rank asks
+        if trainer.is_global_zero:
+            line = (f"re-analysis of checkpoint {self.ckpt_path} (epoch {self.epoch}, step {trainer.global_step}), "
+                    "without training")
+            rank_zero_info(f"lightning-nsv analyze: {line}; logs in {directory}")
+            FigureSink(trainer.loggers, directory / "figures", "lightning-nsv analyze").text(
+                "re-analysis", line.replace(str(self.ckpt_path), f"`{self.ckpt_path}`"), trainer.global_step)
         for callback in self.callbacks:
             callback.analyze_now(trainer, pl_module, epoch=self.epoch)
 
@@ -259,7 +315,13 @@ class AnalysisTrainer(pl.Trainer):
             analysers = [PsiRankMonitor(), LossValleyMonitor()] if isinstance(model, SkipNetwork) else [
                 NetworkSupportVectors()]
             self.callbacks.extend(analysers)
-        self.callbacks.append(_AnalyzeOnValidation(analysers, epoch=int(checkpoint.get("epoch", 0))))
+        # the checkpoint callbacks save nothing here; given the folder their state in the checkpoint records (the
+        # fit's), they restore it without Lightning's "The dirpath has changed" warning
+        for callback in self.checkpoint_callbacks:
+            recorded = (checkpoint.get("callbacks") or {}).get(callback.state_key) or {}
+            if getattr(callback, "dirpath", None) is None and recorded.get("dirpath") is not None:
+                callback.dirpath = recorded["dirpath"]
+        self.callbacks.append(_AnalyzeOnValidation(analysers, int(checkpoint.get("epoch", 0)), ckpt_path))
         self.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
 
 
@@ -273,6 +335,7 @@ class NSVLightningCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--threads", type=Optional[int], default=None,
                             help="Threads of torch and of the BLAS pools (default: leave them as they are)")
+        describe_groups(parser)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """Parse, then check what LightningCLI would otherwise meet later, or never: a ``--ckpt_path`` that is
@@ -296,6 +359,8 @@ class NSVLightningCLI(LightningCLI):
         checkpoint = read_checkpoint(ckpt_path)
         if subcommand in ("analyze", "fit"):  # validate and test may use other data on purpose
             _check_against_config(checkpoint, config, str(ckpt_path), subcommand)
+        if subcommand == "analyze":
+            _name_analysis_run(config, Path(ckpt_path), int(checkpoint.get("epoch", 0)))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -307,6 +372,29 @@ class NSVLightningCLI(LightningCLI):
 
             torch.set_num_threads(threads)
             self._thread_limits = threadpool_limits(threads)
+
+    def before_fit(self) -> None:
+        self._started = time.time()
+
+    before_analyze = before_fit
+
+    def after_fit(self) -> None:
+        """Say where the logs and the result files of this run are (on rank zero)."""
+        directory = log_directory(self.trainer)  # a collective: every rank asks
+        results = []
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, NetworkSupportVectors) and callback.history:
+                saved = Path(callback.save_dir) if callback.save_dir else directory / "nsv"
+                pt = saved / f"support_vectors_epoch{int(callback.history[-1]['epoch'])}.pt"
+                if pt.is_file() and pt.stat().st_mtime >= self._started - 1:  # not one a resumed fit restored
+                    results.append(pt)
+        if self.trainer.is_global_zero:
+            print(f"logs: {directory}")
+            for pt in results:
+                print(f"results: {pt} (and {pt.with_suffix('.json').name}; "
+                      "read with lightning_nsv.artifacts.load_support_vectors)")
+
+    after_analyze = after_fit
 
     def instantiate_classes(self) -> None:
         try:
@@ -333,17 +421,21 @@ def main(args: list[str] | None = None) -> None:
 
         compare(argv[1:])
         return
+    check_example_script_options(argv)
     tips = _DropTips()
     rank_zero_logger = logging.getLogger(f"{PACKAGE}.utilities.rank_zero")
     rank_zero_logger.addFilter(tips)
     with warnings.catch_warnings():
         for message in _NOISE:
             warnings.filterwarnings("ignore", message=message)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=_NOISY_MODULE)
         try:
             NSVLightningCLI(
                 LightningModule,
                 LightningDataModule,
                 trainer_class=AnalysisTrainer,
+                parser_class=NSVArgumentParser,
+                parser_kwargs={"description": _DESCRIPTION},
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 save_config_kwargs={"overwrite": True},

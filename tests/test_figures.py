@@ -188,7 +188,7 @@ def test_log_axes_of_the_figures_need_no_mathtext():
 
     spectrum = psi_spectrum(torch.randn(40, 60, dtype=torch.float64) @ torch.diag(
         torch.logspace(0, -6, 60, dtype=torch.float64)), spectrum="full")
-    for (fig, ax), axis in ((spectrum.plot(), "y"), (plot_max_margin_approach([1, 2, 3], [0.1] * 3, [0.2] * 3), "x")):
+    for (fig, ax), axis in ((spectrum.plot(), "y"), (plot_max_margin_approach([1, 10, 30], [0.1] * 3, [0.2] * 3), "x")):
         fig.canvas.draw()
         ticks = ax.get_yticklabels() if axis == "y" else ax.get_xticklabels()
         minor = ax.get_yticklabels(minor=True) if axis == "y" else ax.get_xticklabels(minor=True)
@@ -196,6 +196,18 @@ def test_log_axes_of_the_figures_need_no_mathtext():
         assert texts and not [t for t in texts if "$" in t]
         assert any("10" in t for t in texts)
         plt.close(fig)
+
+
+def test_max_margin_approach_within_a_decade_has_a_linear_axis_of_whole_epochs():
+    from lightning_nsv.plotting import plot_max_margin_approach
+
+    fig, ax = plot_max_margin_approach([23, 27, 31, 35, 39], [0.1] * 5, [0.2] * 5)
+    fig.canvas.draw()
+    assert ax.get_xscale() == "linear" and ax.get_xlabel() == "epoch"
+    labels = [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    assert not labels  # no minor labels to crowd the major ones
+    assert all(float(t.get_text().replace("−", "-")).is_integer() for t in ax.get_xticklabels() if t.get_text())
+    plt.close(fig)
 
 
 def test_short_number_and_error_bar_caption():

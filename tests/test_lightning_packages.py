@@ -14,7 +14,8 @@ ROOT = Path(__file__).parents[1]
 OTHER = {"pytorch_lightning": "lightning", "lightning.pytorch": "pytorch_lightning"}[PACKAGE]
 # the Lightning-facing tests: callbacks, loggers and figures, CLI, data modules, models
 LIGHTNING_TESTS = ["tests/test_nsv_callback.py", "tests/test_callback_bad_input.py", "tests/test_cli.py",
-                   "tests/test_valley_callbacks.py", "tests/test_models.py", "tests/test_ddp.py"]
+                   "tests/test_cli_faults.py", "tests/test_cli_help.py", "tests/test_valley_callbacks.py",
+                   "tests/test_models.py", "tests/test_ddp.py"]
 
 
 def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:

@@ -65,9 +65,9 @@ def check_against_enumeration(module: nn.Module, x: torch.Tensor) -> dict[str, f
     gates = compute_gates(graph, x)
     n_x = reference_output(module, x)
     cols = PairNetworkColumns(graph, x, gates, fast=False, memory_bytes=1 << 16)
-    kernel = cols.columns(range(len(x)))
+    kernel = cols.columns_tensor(range(len(x)))
     plain = PairNetworkColumns(graph, x, gates, fast=False, collapse=False, memory_bytes=1 << 16)
-    errors = {"output_vs_module": relative(gates.output, n_x), "plain": relative(plain.columns(range(len(x))), kernel)}
+    errors = {"output_vs_module": relative(gates.output, n_x), "plain": relative(plain.columns_tensor(range(len(x))), kernel)}
     for k in range(graph.num_outputs):
         phi, wbar = output_phi(graph, x, k)
         out_k = n_x if n_x.dim() == 1 else n_x[:, k]
@@ -76,7 +76,7 @@ def check_against_enumeration(module: nn.Module, x: torch.Tensor) -> dict[str, f
         if graph.num_outputs == 1:
             errors["norm"] = abs(path_norm_squared(graph) - float(wbar @ wbar)) / float(wbar @ wbar)
     errors["block"] = relative(cols.block([2, 0, 1]), kernel[[2, 0, 1]][:, [2, 0, 1]])
-    errors["diagonal"] = relative(cols.diagonal(), kernel.diagonal())
+    errors["diagonal"] = relative(cols.diagonal_tensor(), kernel.diagonal())
     errors["gram_diagonal"] = relative(output_gram(graph).diagonal(), _norm_outputs(graph))
     assert max(errors.values()) < TOL, errors
     return errors
@@ -214,7 +214,7 @@ def test_multi_output_gram_equals_shared_path_space():
     phi, wbar = shared_paths(graph, x, last)
     assert relative(phi @ wbar, reference_output(module, x)) < TOL
     assert relative(output_gram(graph), wbar.T @ wbar) < TOL
-    kernel = PairNetworkColumns(graph, x, gates).columns(range(len(x)))
+    kernel = PairNetworkColumns(graph, x, gates).columns_tensor(range(len(x)))
     assert relative(kernel, phi @ phi.T) < TOL
 
 
@@ -230,11 +230,11 @@ def test_mlp_pair_network_equals_factorised_kernel(beta, bias):
     slopes = [torch.where(gates.bits[g[0]], torch.tensor(g[3], dtype=torch.float64),
                           torch.tensor(g[2], dtype=torch.float64)) for g in graph.gates]
     factorised = path_kernel(x.double(), slopes, bias=bias)
-    pair = PairNetworkColumns(graph, x, gates, fast=False).columns(range(9))
-    fast = PairNetworkColumns(graph, x, gates).columns(range(9))
+    pair = PairNetworkColumns(graph, x, gates, fast=False).columns_tensor(range(9))
+    fast = PairNetworkColumns(graph, x, gates).columns_tensor(range(9))
     assert relative(pair, factorised) < TOL
     assert relative(fast, factorised) < TOL
-    assert relative(PairNetworkColumns(graph, x, gates).diagonal(), factorised.diagonal()) < TOL
+    assert relative(PairNetworkColumns(graph, x, gates).diagonal_tensor(), factorised.diagonal()) < TOL
 
 
 def test_batchnorm_folded_into_bias_free_conv_gives_same_kernel():
@@ -250,7 +250,7 @@ def test_batchnorm_folded_into_bias_free_conv_gives_same_kernel():
     kernels, norms = [], []
     for module in (unfolded, folded):
         graph = trace(module, x)
-        kernels.append(PairNetworkColumns(graph, x, compute_gates(graph, x)).columns(range(6)))
+        kernels.append(PairNetworkColumns(graph, x, compute_gates(graph, x)).columns_tensor(range(6)))
         norms.append(path_norm_squared(graph))
     assert relative(kernels[0], kernels[1]) < TOL
     assert norms[0] == pytest.approx(norms[1], rel=1e-12)
@@ -265,7 +265,7 @@ def test_module_unchanged_by_trace_and_gates():
     x = inputs((1, 8, 8))
     graph = trace(module, x)
     gates = compute_gates(graph, x)
-    PairNetworkColumns(graph, x, gates).columns([0, 1])
+    PairNetworkColumns(graph, x, gates).columns_tensor([0, 1])
     path_norm_squared(graph)
     assert {name: m.training for name, m in module.named_modules()} == modes
     assert all(v.dtype == state[k].dtype and torch.equal(v, state[k]) for k, v in module.state_dict().items())
@@ -434,8 +434,8 @@ def test_pair_blocks_do_not_depend_on_memory_budget():
     x = inputs((1, 8, 8), n=7)
     graph = trace(module, x)
     gates = compute_gates(graph, x, memory_bytes=1 << 12)
-    small = PairNetworkColumns(graph, x, gates, memory_bytes=1 << 12).columns([3, 1, 4])
-    large = PairNetworkColumns(graph, x, compute_gates(graph, x)).columns([3, 1, 4])
+    small = PairNetworkColumns(graph, x, gates, memory_bytes=1 << 12).columns_tensor([3, 1, 4])
+    large = PairNetworkColumns(graph, x, compute_gates(graph, x)).columns_tensor([3, 1, 4])
     assert torch.equal(small, large)
 
 
@@ -521,7 +521,7 @@ def test_lightning_module_in_training_mode_is_read_as_is():
     assert str(scope_summary(graph)) == "whole network: 5 maps, 4 gate layers, 2 max-pools, 212 gates"
     gates = compute_gates(graph, x)
     assert relative(gates.output, reference_output(model, x)) < TOL
-    kernel = PairNetworkColumns(graph, x, gates).columns(range(5))
+    kernel = PairNetworkColumns(graph, x, gates).columns_tensor(range(5))
     phi, _ = output_phi(graph, x, 0)
     assert relative(kernel, phi @ phi.T) < TOL
 
@@ -547,8 +547,8 @@ def test_channel_collapse_equals_plain_pair_network(case):
     gates = compute_gates(graph, x)
     plain = PairNetworkColumns(graph, x, gates, collapse=False)
     fused = PairNetworkColumns(graph, x, gates)
-    assert relative(fused.columns([4, 0, 2]), plain.columns([4, 0, 2])) < 1e-14
-    assert relative(fused.diagonal(), plain.diagonal()) < 1e-14
+    assert relative(fused.columns_tensor([4, 0, 2]), plain.columns_tensor([4, 0, 2])) < 1e-14
+    assert relative(fused.diagonal_tensor(), plain.diagonal_tensor()) < 1e-14
     assert relative(fused.block([1, 3]), plain.block([1, 3])) < 1e-14
     check_against_enumeration(module, x)
 
@@ -562,9 +562,9 @@ def test_columns_drive_the_max_margin_solver_like_a_dense_kernel():
     gates = compute_gates(graph, x)
     y = torch.where(gates.output.reshape(-1) >= 0, 1.0, -1.0).double().numpy()  # zero error by construction
     cols = PairNetworkColumns(graph, x, gates)
-    dense = cols.columns(range(40)).numpy()
+    dense = cols.columns_tensor(range(40)).numpy()
     exact = max_margin(dense, y)
-    served = max_margin(cols, y, kernel_diag=cols.diagonal().numpy())
+    served = max_margin(cols, y, kernel_diag=cols.diagonal_tensor().numpy())
     assert set(served.support_) == set(exact.support_)
     assert np.allclose(served.alpha_, exact.alpha_, rtol=1e-8, atol=1e-12)
     assert np.allclose(cols.signed_columns([3, 5], y, 2.0), dense[:, [3, 5]] * y[:, None] * y[[3, 5]] / 2.0,

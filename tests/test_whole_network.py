@@ -198,7 +198,7 @@ def test_cnn_binary_equals_dense_solve_and_enumerated_kernel(binary_cnn):
     assert analysis.svm.n_margin_violations == 0 and analysis.svm.kkt_residual < 1e-8
     graph = trace(module, x)
     gates = compute_gates(graph, x)
-    dense = PairNetworkColumns(graph, x, gates).columns(range(len(x)))
+    dense = PairNetworkColumns(graph, x, gates).columns_tensor(range(len(x)))
     assert relative(dense, dense.T) < 1e-14
     exact = max_margin(dense, torch.where(y > 0, 1.0, -1.0))
     np.testing.assert_array_equal(analysis.svm.support_, exact.support_)
@@ -209,7 +209,7 @@ def test_cnn_binary_equals_dense_solve_and_enumerated_kernel(binary_cnn):
 
     # validation against the kernel of the concatenated sets, formed directly
     both = torch.cat([x, xv])
-    full = PairNetworkColumns(graph, both, compute_gates(graph, both)).columns(range(len(x)))[len(x):]
+    full = PairNetworkColumns(graph, both, compute_gates(graph, both)).columns_tensor(range(len(x)))[len(x):]
     signs = torch.where(y > 0, 1.0, -1.0).double()
     decision = full @ (torch.from_numpy(analysis.svm.alpha_) * signs)
     svm_pred = torch.where(decision >= 0, 1.0, -1.0)
@@ -286,7 +286,7 @@ def test_cnn_three_classes_equals_dense_solve_and_materialised_paths(three_class
     assert analysis.num_classes == 3 and analysis.svm.kkt_residual < 1e-8
     graph = trace(module, x)
     gates = compute_gates(graph, x)
-    dense = PairNetworkColumns(graph, x, gates).columns(range(len(x)))
+    dense = PairNetworkColumns(graph, x, gates).columns_tensor(range(len(x)))
     exact = multiclass_max_margin(dense, y, 3, structured=False)
     np.testing.assert_array_equal(analysis.svm.support_, exact.support_)
     assert relative(analysis.svm.alpha_, exact.alpha_) < ALPHA_TOL
@@ -312,7 +312,7 @@ def test_cnn_three_classes_equals_dense_solve_and_materialised_paths(three_class
 
     # validation: argmax of f = K(x_val, x) β against argmax N
     both = torch.cat([x, xv])
-    full = PairNetworkColumns(graph, both, compute_gates(graph, both)).columns(range(len(x)))[len(x):]
+    full = PairNetworkColumns(graph, both, compute_gates(graph, both)).columns_tensor(range(len(x)))[len(x):]
     svm_pred = (full @ torch.from_numpy(analysis.svm.beta_)).argmax(1)
     net_pred = compute_gates(graph, xv).output.argmax(1)
     assert torch.equal(analysis.val_predictions[1], svm_pred)

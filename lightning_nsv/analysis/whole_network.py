@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
-from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import (
     Gates,
     PairNetworkColumns,
@@ -33,19 +32,21 @@ from lightning_nsv.kernel import (
     unique_patterns,
 )
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
+from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
+from lightning_nsv.sharded import ColumnSharing
+from lightning_nsv.analysis.whole_network_checks import check_arguments, check_zero_error
 from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
-from lightning_nsv.max_margin import NotSeparableError, max_margin, pair_max_margin, sample_indices
+from lightning_nsv.max_margin import max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.multiclass import MulticlassSupportVectorAnalysis, centred_gram
-from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, multiclass_max_margin, pair_margins
+from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, multiclass_max_margin
 from lightning_nsv.analysis.binary import SupportVectorAnalysis, signed_labels
 from lightning_nsv.analysis.bounds import compression_bound
-from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
-from lightning_nsv.solver.options import SOLVERS, solver_device as solver_backend_device
+from lightning_nsv.solver.options import solver_device as solver_backend_device
 
 __all__ = ["SignsNotComputed", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "memory_estimate",
-           "whole_network_support_vectors"]
+           "serve_whole_network_columns", "whole_network_support_vectors"]
 
 # validation samples whose kernel against the support is formed at once (see _cross_kernel)
 VALIDATION_CHUNK = 2048
@@ -112,34 +113,7 @@ class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
     scope_counts: ScopeSummary | None = field(default=None, repr=False)
 
 
-# ------------------------------------------------------------------------------------------------------ checks
-
-
-def _check_finite_module(module: nn.Module) -> None:
-    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
-        for name, t in named:
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                what = "NaN" if bool(torch.isnan(t).any()) else "inf"
-                raise NonFiniteError(f"{kind} {name} holds {what}: the network has diverged (lower the learning rate "
-                                     "or clip gradients); no support-vector analysis of non-finite weights")
-
-
-def _not_separable(x: Tensor, labels: Tensor, wrong: Tensor, on_boundary: Tensor, requirement: str) -> str:
-    """Why Assumption 1 fails: the count, the first indices, and a pair of equal inputs with different labels."""
-    first = torch.nonzero(wrong).reshape(-1)[:10].tolist()
-    message = (f"the network misclassifies {int(wrong.sum())} of {len(labels)} training samples (first: "
-               f"{', '.join(map(str, first))}{', …' if int(wrong.sum()) > len(first) else ''}; "
-               f"{int((wrong & on_boundary).sum())} of them on the boundary, e.g. all units of a layer inactive): the "
-               f"support-vector analysis needs {requirement} on every training sample (Assumption 1); a tie counts as "
-               "an error")
-    _, inverse = torch.unique(x.reshape(len(x), -1).cpu(), dim=0, return_inverse=True)
-    seen: dict[int, tuple[int, float]] = {}
-    for i, (group, label) in enumerate(zip(inverse.tolist(), labels.tolist())):
-        other = seen.setdefault(group, (i, label))
-        if other[1] != label:
-            return (f"samples {other[0]} and {i} have the same input and different labels: no classifier separates "
-                    f"them, the data are not separable (remove or relabel the duplicates); {message}")
-    return message
+# ------------------------------------------------------------------------------------------------- kernel parts
 
 
 def _slice_gates(gates: Gates, idx: Tensor) -> Gates:
@@ -167,7 +141,7 @@ def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates
         columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
                                      memory_bytes=block_bytes)
         if graph.chain is not None:
-            parts.append(columns.columns(torch.arange(s))[s:])
+            parts.append(columns.columns_tensor(torch.arange(s))[s:])
             continue
         part = torch.empty(len(idx), s, dtype=torch.float64, device=graph.device)
         width = max(1, min(s, columns.pairs_per_block))
@@ -200,6 +174,7 @@ def whole_network_support_vectors(
     block_bytes: int = MEMORY_BYTES,
     tol: float = 1e-10,
     scope_name: str = "whole network",
+    sharing: ColumnSharing | None = None,
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -246,6 +221,10 @@ def whole_network_support_vectors(
         tol: optimality tolerance of the solver.
         scope_name: what ``module`` is, for the scope line (e.g. ``"layers after the trunk `features`"`` when the
             inputs are a fixed embedding's outputs).
+        sharing: a :class:`~lightning_nsv.sharded.ColumnSharing` of the root rank of a ``torch.distributed``
+            group: the solver's kernel columns are computed by every rank on its shard of the rows
+            (:class:`~lightning_nsv.kernel.pair_sharded.ShardedPairColumns`; the other ranks run
+            :func:`serve_whole_network_columns` on the same module and inputs meanwhile).
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
@@ -254,48 +233,46 @@ def whole_network_support_vectors(
             the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
         ValueError: on labels, options, or memory that does not suffice.
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
-    check_samples(x_train, x_val)
-    if y_val is not None and x_val is None:
-        raise ValueError("y_val without x_val: pass the validation inputs too")
+    check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     m = len(x_train)
-    if len(y_train) != m:
-        raise ValueError(f"x_train has {m} samples and y_train {len(y_train)}")
-    _check_finite_module(module)
-    _check_finite_samples(x_train.reshape(m, -1), "training inputs")
-    if x_val is not None:
-        _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
-        if y_val is not None and len(y_val) != len(x_val):
-            raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
-
-    with eval_mode(module):
-        graph = trace(module, x_train[:8])
+    graph = _trace(module, x_train)
     num_outputs = graph.num_outputs
     if num_classes is not None and num_classes != (2 if num_outputs == 1 else num_outputs):
         kind = "1 output (binary: 2 classes)" if num_outputs == 1 else f"{num_outputs} outputs"
         raise ValueError(f"num_classes={num_classes}, but the network has {kind}")
     binary = num_outputs == 1
-    # labels on the CPU, with the outputs (the solvers and the summaries run there)
-    y = signed_labels(y_train).cpu() if binary else torch.from_numpy(class_labels(y_train, num_outputs, m))
-    if y_val is not None:
-        y_val = signed_labels(y_val).cpu() if binary else \
-            torch.from_numpy(class_labels(y_val, num_outputs, len(x_val)))
+    y, y_val = _labels(y_train, y_val, num_outputs, m, None if x_val is None else len(x_val))
     if initial is not None:
         initial = sample_indices(initial)
         if len(initial) and (initial.min() < 0 or initial.max() >= m):
             raise ValueError(f"`initial` holds indices outside [0, {m})")
-    parts = memory_estimate(graph, m, 0 if x_val is None else len(x_val), block_bytes)
+    analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
+                    memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
+                    delta=delta, scope_name=scope_name)
+    if x_val is not None:
+        analysis.update(_held_out(graph, analysis.pop("columns"), analysis.pop("gates"), analysis["svm"], y, x_val,
+                                  y_val, binary, block_bytes))
+    else:
+        del analysis["columns"], analysis["gates"]
+    return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
+
+
+def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initial, solver, tol, delta,
+         scope_name) -> dict:
+    """Memory check, gates, Assumption 1, the columns (shared by the ranks with ``sharing``) and the solve: the
+    fields of the analysis, with the ``columns`` and ``gates`` for the held-out step."""
+    m, num_outputs = len(x_train), graph.num_outputs
+    binary = num_outputs == 1
+    parts = memory_estimate(graph, m, n_val, block_bytes)
     budget = memory_budget(parts, memory_bytes, graph.device)
     gram = None if binary else output_gram(graph).to(torch.float64).numpy()  # needs a last Linear: before the solve
 
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     outputs = gates.output.reshape(m, num_outputs).cpu()
-    margins = _check_zero_error(x_train, y, outputs, binary)
+    margins = check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
-    budgeted = BudgetedColumns(columns, parts["total"], budget)
+    shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
+    budgeted = BudgetedColumns(shared, parts["total"], budget)
     diag = budgeted.diagonal()
     scope = scope_summary(graph, scope_name)
     if binary:
@@ -309,29 +286,42 @@ def whole_network_support_vectors(
     analysis.update(m=m, n_hidden=scope.gates, unique_patterns_train=unique_patterns(gates), delta=delta,
                     bound=compression_bound(m, svm.n_support_, side_bits, delta), scope=str(scope),
                     scope_counts=scope)
-    if x_val is not None:
-        val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
-        support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
-        kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes)
-        coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
-            torch.from_numpy(svm.beta_[svm.support_])
-        analysis.update(_validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, num_outputs))
-    return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
+    analysis.update(columns=columns, gates=gates)
+    return analysis
 
 
-def _check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
-    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
-    refuses unless every one is positive (Assumption 1)."""
-    if binary:
-        margins = (y * outputs[:, 0]).numpy()
-        wrong, boundary, requirement = margins <= 0, margins == 0, "y·N(x) > 0"
-    else:
-        margins = pair_margins(outputs, y.numpy())
-        wrong, boundary = margins.min(1) <= 0, margins.min(1) == 0
-        requirement = "N_y(x) − N_k(x) > 0 for every k ≠ y"
-    if wrong.any():
-        raise NotSeparableError(_not_separable(x, y, torch.from_numpy(wrong), torch.from_numpy(boundary), requirement))
-    return margins
+def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_bytes: int = MEMORY_BYTES,
+                                group: Any = None, root: int = 0) -> int:
+    """The other ranks' side of :func:`whole_network_support_vectors` with ``sharing``: trace the same module,
+    fix the gates of the same ``x_train`` and compute this rank's shard of the rows of every block of columns the
+    root asks for, until its :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of blocks."""
+    graph = _trace(module, x_train)
+    gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
+    columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
+    return ShardedPairColumns(columns, group, root).serve()
+
+
+def _trace(module: nn.Module, x_train: Tensor) -> PiecewiseGraph:
+    with eval_mode(module):
+        return trace(module, x_train[:8])
+
+
+def _labels(y_train, y_val, num_outputs: int, m: int, n_val: int | None) -> tuple[Tensor, Tensor | None]:
+    """Labels on the CPU, with the outputs (the solvers and the summaries run there): ±1, or class indices."""
+    if num_outputs == 1:
+        return signed_labels(y_train).cpu(), None if y_val is None else signed_labels(y_val).cpu()
+    y = torch.from_numpy(class_labels(y_train, num_outputs, m))
+    return y, None if y_val is None else torch.from_numpy(class_labels(y_val, num_outputs, n_val))
+
+
+def _held_out(graph, columns, gates, svm, y, x_val, y_val, binary: bool, block_bytes: int) -> dict:
+    """The SVM's decision on the validation samples (the kernel against the support) against the network's."""
+    val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
+    support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
+    kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes)
+    coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
+        torch.from_numpy(svm.beta_[svm.support_])
+    return _validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, graph.num_outputs)
 
 
 def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
-from lightning_nsv.solver.protocol import KernelColumns, signed_rows
+from lightning_nsv.solver.protocol import KernelColumns
 from lightning_nsv.analysis.checks import available_memory_bytes
 
 __all__ = ["BudgetedColumns", "memory_budget", "memory_estimate"]
@@ -67,9 +67,8 @@ def memory_budget(parts: dict[str, int], memory_bytes: int | None, device: torch
 
 
 class BudgetedColumns(KernelColumns):
-    """The kernel columns of a :class:`PairNetworkColumns` for the solvers (the
-    :class:`~lightning_nsv.solver.protocol.KernelColumns` protocol: float64 numpy columns and diagonal, signed rows
-    on the graph's device for the torch solver), refused (``ValueError`` with the numbers) before the columns of the
+    """A :class:`PairNetworkColumns` (itself a :class:`~lightning_nsv.solver.protocol.KernelColumns`) with a memory
+    budget: the same columns, refused (``ValueError`` with the numbers) before the columns of the
     distinct samples asked for so far (``8·m`` bytes each) and the memory allocated before the solve (``fixed``)
     would exceed the budget. Blocks among candidates (``signed_block``) are not counted."""
 
@@ -99,12 +98,12 @@ class BudgetedColumns(KernelColumns):
     device = property(lambda self: self.inner.device, doc="the traced graph's device")
 
     def diagonal(self) -> np.ndarray:
-        return self.inner.diagonal().cpu().numpy()
+        return self.inner.diagonal()
 
     def columns(self, idx) -> np.ndarray:
         """``K[:, idx]`` as float64 numpy (the sample columns of the K-class solver)."""
         self._admit(idx)
-        return self.inner.columns(idx).cpu().numpy()
+        return self.inner.columns(idx)
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         self._admit(idx)
@@ -116,4 +115,4 @@ class BudgetedColumns(KernelColumns):
     def signed_rows(self, idx, signs, scale: float) -> Tensor:
         """``Q[:, idx]ᵀ`` on the graph's device (the torch solver's columns, no round trip through numpy)."""
         self._admit(idx)
-        return signed_rows(self.inner.columns(idx), signs, idx, scale)
+        return self.inner.signed_rows(idx, signs, scale)

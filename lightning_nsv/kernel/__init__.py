@@ -7,8 +7,13 @@ network with every weight 1 run on ``x ⊙ x'``); ``||wbar||²`` and the output 
     graph = trace(module, x[:8])              # the module is not changed
     gates = compute_gates(graph, x)           # N(x) in gates.output, slope bits, max-pool selections
     kernel = PairNetworkColumns(graph, x, gates)
-    kernel.columns(idx)                       # K[:, idx], float64 on the module's device
+    kernel.columns(idx)                       # K[:, idx], numpy float64 (a KernelColumns, as the solver reads it)
+    kernel.columns_tensor(idx)                # the same on the module's device
     path_norm_squared(graph), output_gram(graph), scope_summary(graph), unique_patterns(gates)
+
+Linear/Leaky-ReLU chains keep §1's factorised kernel in the modules beside this one: ``network`` (``PathNetwork``),
+``formulas`` (the formulas of §1, one short function each), ``inputs``, ``gram_cache``, ``columns``
+(``PathKernelColumns``), ``path_signs`` and ``sharded`` (DDP); ``factored`` and ``pair_sharded`` serve the pair network.
 """
 from lightning_nsv.kernel.graph import GateLayer, NotPiecewiseLinearError, PiecewiseGraph, PoolLayer, trace
 from lightning_nsv.kernel.pair_network import (

@@ -14,16 +14,20 @@ from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
+from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]
 
-# default budget of one block of pairs (all values alive at once in the pair network): blocks near 16 MiB stay in a
-# CPU's cache and ran 5× faster than 256 MiB blocks (small CNN, 8×8 inputs); on a GPU pass a larger budget
-MEMORY_BYTES = 16 << 20
+# default budget of one block of pairs (all values alive at once in the plain pair network). The factored pair network
+# (lightning_nsv.kernel.factored) forms per-sample factors once per block, so it needs blocks of many rows and
+# columns: SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, 16 columns, one CPU thread: 2.0 ms a pair at 128 MiB against
+# 6.0 ms at 16 MiB (the plain network: 3.0 and 2.2 ms); on a GPU pass a larger budget
+MEMORY_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -75,18 +79,26 @@ def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_B
 
 def _slopes(bits: Tensor, beta: float, gamma: float) -> Tensor:
     """``sigma = gamma`` where ``z >= 0``, else ``beta``, in float64 (DESIGN.md §1: 0.1 in float32 is not 0.1)."""
+    if beta == 0.0:
+        ones = bits.to(torch.float64)
+        return ones if gamma == 1.0 else ones.mul_(gamma)
     as64 = lambda v: torch.tensor(v, dtype=torch.float64, device=bits.device)  # noqa: E731
     return torch.where(bits, as64(gamma), as64(beta))
 
 
 class _PairContext:
     """Gate products ``sigma(x) sigma(x')`` and shared max-pool selections of the pairs in a block: every
-    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``."""
+    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``.
+
+    Gates stay bits until a block needs them: the slopes of the block's rows and of its columns are formed once
+    per gate layer (``len(a) + len(b)`` samples, not one value per pair) and multiply the pair values by
+    broadcasting, in place where the value is the block's own."""
 
     def __init__(self, graph: PiecewiseGraph, gates: Gates, a: Tensor, b: Tensor, outer: bool,
                  collapse: bool = True) -> None:
         self.gates, self.a, self.b, self.outer, self.collapse = gates, a, b, outer, collapse
         self.family = {name: (beta, gamma) for name, _, beta, gamma, _ in graph.gates}
+        self._sides: dict[str, tuple[Tensor, Tensor]] = {}
 
     def combine(self, t: Tensor, fn) -> Tensor:
         """``fn(t[first], t[second])`` for every pair, ``(P, *t.shape[1:])``."""
@@ -94,36 +106,45 @@ class _PairContext:
             return fn(t[self.a][:, None], t[self.b][None]).reshape(-1, *t.shape[1:])
         return fn(t[self.a], t[self.b])
 
+    def sides(self, name: str) -> tuple[Tensor, Tensor]:
+        """The slopes of the block's first and second samples at gate layer ``name``, float64."""
+        if name not in self._sides:
+            beta, gamma = self.family[name]
+            bits = self.gates.bits[name]
+            self._sides[name] = (_slopes(bits[self.a], beta, gamma), _slopes(bits[self.b], beta, gamma))
+        return self._sides[name]
+
     def gate(self, name: str, v: Tensor) -> Tensor:
         """DESIGN.md §2c: a gate multiplies the pair value by ``sigma(x) sigma(x')``."""
-        beta, gamma = self.family[name]
-        bits = self.gates.bits[name]
-        if beta == 0.0:
-            v = torch.where(self.combine(bits, torch.logical_and), v, 0.0)
-            return v if gamma == 1.0 else v * (gamma * gamma)
-        return v * self.combine(bits, lambda p, q: _slopes(p, beta, gamma) * _slopes(q, beta, gamma))
+        first, second = self.sides(name)
+        if not self.outer:
+            return v * first * second
+        shape = (len(first), len(second), *first.shape[1:])
+        v = v.reshape(len(first), len(second), *v.shape[1:])
+        return (v * first[:, None]).mul_(second[None]).reshape(-1, *shape[2:])
 
     def overlap(self, name: str) -> Tensor:
         """DESIGN.md §2c "Speed": ``C[p](x, x') = Σ_c sigma_{c,p}(x) sigma_{c,p}(x')`` per position,
-        ``(P, *spatial)``; for a block of rows × columns one product over channels per position."""
-        beta, gamma = self.family[name]
-        bits = self.gates.bits[name]
-        first = _slopes(bits[self.a], beta, gamma).flatten(2)
-        second = _slopes(bits[self.b], beta, gamma).flatten(2)
-        if self.outer:
-            counts = torch.bmm(first.permute(2, 0, 1), second.permute(2, 1, 0)).permute(1, 2, 0)
-        else:
-            counts = (first * second).sum(1)
-        return counts.reshape(-1, *bits.shape[2:])
+        ``(P, *spatial)``; for a block of rows × columns one GEMM over channels per position."""
+        first, second = self.sides(name)
+        return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
 
-    def selection(self, name: str) -> tuple[Tensor, Tensor]:
-        """The unit x selects and whether x' selects the same one (§2c: else the pair passes 0)."""
+    def pool(self, name: str, v: Tensor) -> Tensor:
+        """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same
+        one, else 0 (§2c), ``(P, C, *out)``."""
         chosen = self.gates.selections[name]
-        first = self.combine(chosen, lambda p, q: p.expand(torch.broadcast_shapes(p.shape, q.shape)))
-        return first.to(torch.long), self.combine(chosen, torch.eq).to(torch.float64)
+        first, second = chosen[self.a].to(torch.long).flatten(2), chosen[self.b].flatten(2)
+        if not self.outer:
+            picked = v.flatten(2).gather(2, first)
+            return (picked * (chosen[self.a].flatten(2) == second)).view(len(v), *chosen.shape[1:])
+        rows, cols = len(first), len(second)
+        v = v.reshape(rows, cols, *v.shape[1:2], -1)
+        picked = v.gather(3, first[:, None].expand(rows, cols, *first.shape[1:]))
+        same = chosen[self.a].flatten(2)[:, None] == second[None]
+        return picked.mul_(same).view(rows * cols, *chosen.shape[1:])
 
 
-class PairNetworkColumns:
+class PairNetworkColumns(KernelColumns):
     """Columns ``K[:, idx]`` of the path kernel of a traced network on ``m`` training inputs (DESIGN.md §2c).
 
     Each entry is the output of the pair network on ``x_i ⊙ x_j``; a call runs blocks of pairs sized so that the
@@ -136,14 +157,19 @@ class PairNetworkColumns:
     8×8 inputs (one CPU thread). Memory: the inputs and gates of all samples, plus one block of about
     ``memory_bytes``. Float64, on the graph's device. With K outputs every output has the same kernel (checked
     exactly).
+
+    A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
+    ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
+    on ``idx × idx`` pairs only); ``columns_tensor``, ``diagonal_tensor`` and ``block`` give float64 tensors on the
+    graph's device.
     """
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
-                 fast: bool = True, collapse: bool = True) -> None:
+                 fast: bool = True, collapse: bool = True, factored: bool = True) -> None:
         if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
             raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                              f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
-        self.graph, self.gates, self.collapse = graph, gates, collapse
+        self.graph, self.gates, self.collapse, self.factored = graph, gates, collapse, factored
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
         self._chain = None
@@ -170,7 +196,12 @@ class PairNetworkColumns:
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
         ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
-        out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
+        # the factored network's per-sample work (len(a) + len(b) samples a block) pays only in blocks of many rows
+        # and columns; aligned pairs (the diagonal) gain nothing
+        if self.factored and outer and min(len(a), len(b)) >= self.factored_min_side:
+            out = run_factored(self.graph, ctx.combine(self.x, torch.mul), ctx)
+        else:
+            out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
         if out.dim() == 2:
             if not bool((out == out[:, :1]).all()):
                 raise ValueError("the outputs of this network have different path kernels (its last map does not "
@@ -183,33 +214,56 @@ class PairNetworkColumns:
     def _index(self, idx) -> Tensor:
         return torch.as_tensor(idx, dtype=torch.long).to(self.device).reshape(-1)
 
-    def columns(self, idx) -> Tensor:
-        """``K[:, idx]``, shape ``(m, len(idx))`` (unsigned)."""
+    offers_block = True  # Q[idx, idx] by the pair network on idx × idx only
+    # blocks of fewer rows or columns take the plain network: one column of m = 300 (SmallResNet, 3×32×32, one
+    # thread) cost 16.6 ms a pair factored and 4.9 ms plain; 12 rows × 16 columns 2.0 and 3.0 ms
+    factored_min_side = 8
+
+    def columns(self, idx) -> np.ndarray:
+        """``K[:, idx]`` as float64 numpy ``(m, len(idx))`` (the :class:`KernelColumns` protocol)."""
+        return self.columns_tensor(idx).cpu().numpy()
+
+    def diagonal(self) -> np.ndarray:
+        """``diag(K)`` as float64 numpy ``(m,)`` (the :class:`KernelColumns` protocol)."""
+        return self.diagonal_tensor().cpu().numpy()
+
+    def signed_rows(self, idx, signs, scale: float) -> Tensor:
+        """``Q[:, idx]ᵀ`` on the graph's device (the torch solver's columns, no round trip through numpy)."""
+        return signed_rows(self.columns_tensor(idx), np.asarray(signs, dtype=np.float64), np.asarray(idx), scale)
+
+    def columns_tensor(self, idx, part: slice | None = None) -> Tensor:
+        """``K[part, idx]`` (all rows by default), shape ``(rows, len(idx))`` (unsigned), float64 on the graph's
+        device."""
         idx = self._index(idx)
+        lo, hi, _ = (part or slice(None)).indices(len(self))
         if self._chain is not None:
-            return self._columns(idx)
-        m, b = len(self), len(idx)
-        out = torch.empty(m, b, dtype=torch.float64, device=self.device)
-        width = max(1, min(b, self.pairs_per_block))
-        rows = max(1, self.pairs_per_block // width)
-        for j0 in range(0, b, width):
-            cols = idx[j0:j0 + width]
-            for i0 in range(0, m, rows):
-                left = torch.arange(i0, min(m, i0 + rows), device=self.device)
-                values = self.pairs(left, cols, outer=True)
-                out[i0:i0 + len(left), j0:j0 + len(cols)] = values.view(len(left), len(cols))
+            return self._columns(idx)[lo:hi]
+        return self._tiles(torch.arange(lo, hi, device=self.device), idx)
+
+    def _tiles(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """``K[rows][:, cols]`` by blocks of at most ``pairs_per_block`` pairs, at least ``factored_min_side`` rows
+        where the budget allows (the factored network's per-sample work then pays)."""
+        out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
+        width = max(1, min(len(cols), self.pairs_per_block // self.factored_min_side))
+        height = max(1, self.pairs_per_block // width)
+        for j0 in range(0, len(cols), width):
+            right = cols[j0:j0 + width]
+            for i0 in range(0, len(rows), height):
+                left = rows[i0:i0 + height]
+                out[i0:i0 + len(left), j0:j0 + len(right)] = self.pairs(left, right, outer=True).view(
+                    len(left), len(right))
         return out
 
     def __call__(self, idx) -> Tensor:
         """``K[:, idx]`` (the column function of :func:`~lightning_nsv.max_margin.max_margin`)."""
-        return self.columns(idx)
+        return self.columns_tensor(idx)
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order (labels ``s`` in ``±1``): the
         solver's columns, as :class:`~lightning_nsv.path_space.PathKernelColumns` gives them."""
         idx = self._index(idx)
         s = torch.as_tensor(np.asarray(signs), dtype=torch.float64, device=self.device)
-        q = self.columns(idx) * s[:, None] * (s[idx] / scale)[None, :]
+        q = self.columns_tensor(idx) * s[:, None] * (s[idx] / scale)[None, :]
         return np.asfortranarray(q.cpu().numpy())
 
     def signed_block(self, idx, signs, scale: float) -> np.ndarray:
@@ -224,16 +278,10 @@ class PairNetworkColumns:
         if self._chain is not None:
             flat, slopes, _, _, bias = self._chain
             return path_kernel(flat[idx], [s[idx] for s in slopes], bias=bias)
-        b = len(idx)
-        out = torch.empty(b, b, dtype=torch.float64, device=self.device)
-        rows = max(1, self.pairs_per_block // max(1, b))
-        for i0 in range(0, b, rows):
-            left = idx[i0:i0 + rows]
-            out[i0:i0 + len(left)] = self.pairs(left, idx, outer=True).view(len(left), b)
-        return out
+        return self._tiles(idx, idx)
 
-    def diagonal(self) -> Tensor:
-        """``K(x_i, x_i) = ||phi(x_i)||²``, shape ``(m,)``."""
+    def diagonal_tensor(self) -> Tensor:
+        """``K(x_i, x_i) = ||phi(x_i)||²``, shape ``(m,)``, float64 on the graph's device."""
         if self._chain is not None:
             flat, slopes, _, _, bias = self._chain
             return path_kernel_diagonal(flat, slopes, bias=bias)

@@ -337,10 +337,25 @@ class MaxPool(Rule):
         return out
 
     def pair(self, args, kwargs, ctx):
-        v = args[0]
-        index, same = ctx.selection(self.name)  # (P, C, *out): x's selected index, whether x' selects it too
-        picked = v.flatten(2).gather(2, index.flatten(2)).view(index.shape)
-        return picked * same
+        return ctx.pool(self.name, args[0])
 
     def norm(self, args, kwargs):
         return self.window_sum(args[0], self.out_shape)
+
+    def candidates(self, device) -> tuple[Tensor, Tensor]:
+        """The units of each output's window within a channel's plane (flat indices), ``(outputs, k)`` int64,
+        and which are real (windows of an adaptive pool differ in size), from :attr:`window_sum` on the unit
+        inputs; once per rule."""
+        if getattr(self, "_candidates", None) is None or self._candidates[0].device != torch.device(device):
+            spatial = tuple(self.in_shape[2:])
+            units = math.prod(spatial)
+            member = []
+            for lo in range(0, units, 1024):
+                basis = torch.zeros(min(1024, units - lo), units, dtype=torch.float64, device=device)
+                basis[torch.arange(len(basis)), torch.arange(lo, lo + len(basis))] = 1.0
+                member.append(self.window_sum(basis.view(len(basis), 1, *spatial), self.out_shape).flatten(1) != 0)
+            member = torch.cat(member).T  # (outputs, units)
+            k = int(member.sum(1).max())
+            order = torch.sort(member.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :k]
+            self._candidates = (order, torch.gather(member, 1, order))
+        return self._candidates

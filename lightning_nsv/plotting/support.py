@@ -245,9 +245,15 @@ def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], m
     fig, ax = _subplots(figsize=(4.5, 3.2))
     ax.plot(epochs, cosine, "o-", label="cos(w̄, v)")
     ax.plot(epochs, margin_ratio, "s-", label="margin ratio")
-    ax.set_xscale("log")
-    unicode_log_ticks(ax.xaxis)
-    ax.set_xlabel("epoch (log scale)")
+    if max(epochs) >= 10 * min(epochs):  # a log axis once the analyses span a decade; under one its labels crowd
+        ax.set_xscale("log")
+        unicode_log_ticks(ax.xaxis)
+        ax.set_xlabel("epoch (log scale)")
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
     ax.set_ylabel("value (1 = max-margin)")
     ax.set_ylim(0, 1.05)
     ax.set_title(title, fontsize=9)

@@ -1,0 +1,183 @@
+"""The pair network with channels kept factored (DESIGN.md §2c "Speed: channels collapse", the general rule).
+
+A pair value with channels is held as a sum of terms ``S_t(x, x')[p] · A_t(x)[c, p] · A_t(x')[c, p]``: ``S_t`` a
+per-pair map with one channel (or all, before the first conv), ``A_t`` a per-*sample* product of gate slopes and
+max-pool selection indicators (``None``: all ones). Then
+
+- a gate multiplies every ``A_t`` by the sample's slopes (``len(a) + len(b)`` samples of work, not one per pair);
+- a groups=1 conv's channel sum is ``Σ_t S_t · C_t`` with the overlap ``C_t[p] = Σ_c A_t(x)[c,p] A_t(x')[c,p]``,
+  for a block of rows × columns one GEMM over channels per position, then a single-channel box filter;
+- a BatchNorm, bias or shift adds a term ``1``; a residual sum joins the terms of its branches;
+- a max pool splits every term over the ``k`` units of each window: ``S_t`` at unit ``r``, and ``A_t`` at ``r``
+  times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``).
+
+Any other operation sees the terms summed into the plain pair value (:meth:`Terms.value`) and runs its rule of
+:mod:`lightning_nsv.kernel.rules`. The result equals the plain pair network up to rounding (tested to 1e-12).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+from lightning_nsv.kernel import rules as R
+
+__all__ = ["Terms", "channel_overlap", "run_factored"]
+
+
+class Terms:
+    """A pair value ``(P, C, *spatial)`` as ``Σ_t S_t ⊙ A_t(x) ⊙ A_t(x')`` for the pairs of a block: ``ctx.outer``
+    (``P = R·Cc``: ``A_t(x)`` is ``(R, C, *spatial)``, ``A_t(x')`` ``(Cc, C, *spatial)``) or aligned pairs."""
+
+    def __init__(self, ctx, shape: tuple[int, ...], terms: list[tuple[Tensor, Tensor | None, Tensor | None]]):
+        self.ctx, self.shape, self.terms = ctx, shape, terms  # shape: (C, *spatial) of one pair
+        self.rows, self.cols = len(ctx.a), len(ctx.b)
+        self.pairs = self.rows * self.cols if ctx.outer else self.rows
+
+    @classmethod
+    def of(cls, ctx, t: Tensor) -> Terms:
+        """A plain pair value as one term (one channel of it when the channels are a broadcast view)."""
+        if isinstance(t, Terms):
+            return t
+        s = t[:, :1] if t.shape[1] > 1 and t.stride(1) == 0 else t
+        return cls(ctx, tuple(t.shape[1:]), [(s, None, None)])
+
+    def _product(self, s: Tensor, first: Tensor, second: Tensor) -> Tensor:
+        if not self.ctx.outer:
+            return s * first * second
+        s = s.expand(self.pairs, *s.shape[1:]).reshape(self.rows, self.cols, *s.shape[1:])
+        return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
+
+    def value(self) -> Tensor:
+        """The plain pair value, ``(P, C, *spatial)``."""
+        out = torch.zeros(self.pairs, *self.shape, dtype=torch.float64, device=self.ctx.a.device)
+        for s, first, second in self.terms:
+            out += s if first is None else self._product(s, first, second)
+        return out
+
+    def gate(self, first: Tensor, second: Tensor) -> Terms:
+        """Every ``A_t`` times the slopes of the block's first and second samples."""
+        times = lambda a, g: g if a is None else a * g  # noqa: E731
+        return Terms(self.ctx, self.shape, [(s, times(a, first), times(b, second)) for s, a, b in self.terms])
+
+    def plus_one(self) -> Terms:
+        one = torch.ones((1,) * (1 + len(self.shape)), dtype=torch.float64, device=self.ctx.a.device)
+        return Terms(self.ctx, self.shape, self.terms + [(one, None, None)])
+
+    def __add__(self, other: Terms) -> Terms:
+        return Terms(self.ctx, self.shape, self.terms + other.terms)
+
+    def channel_sum(self) -> Tensor:
+        """``Σ_c`` of the value, ``(P, 1, *spatial)``: overlaps by GEMMs over channels where a term has one
+        channel of ``S``."""
+        channels, spatial = self.shape[0], self.shape[1:]
+        total = torch.zeros(self.pairs, 1, *spatial, dtype=torch.float64, device=self.ctx.a.device)
+        for s, first, second in self.terms:
+            if first is None:
+                total += s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
+            elif s.shape[1] == 1:
+                total += s * self._overlap(first, second)
+            else:
+                total += self._product(s, first, second).sum(1, keepdim=True)
+        return total
+
+    def _overlap(self, first: Tensor, second: Tensor) -> Tensor:
+        return channel_overlap(first, second, self.ctx.outer).reshape(self.pairs, 1, *first.shape[2:])
+
+    def max_pool(self, rule: R.MaxPool) -> Terms:
+        """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
+        candidates, valid = rule.candidates(self.ctx.a.device)
+        chosen = self.ctx.gates.selections[rule.name]
+        out_shape, in_spatial = tuple(chosen.shape[1:]), self.shape[1:]
+        first_sel, second_sel = chosen[self.ctx.a].flatten(2), chosen[self.ctx.b].flatten(2)
+        full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
+        terms = []
+        for j in range(candidates.shape[1]):
+            unit = candidates[:, j]
+            pick = _picker(unit, in_spatial, out_shape[1:], bool(valid[:, j].all()))
+            hit_first = ((first_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
+            hit_second = ((second_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
+            for s, a, b in self.terms:
+                a = hit_first if a is None else pick(a) * hit_first
+                b = hit_second if b is None else pick(b) * hit_second
+                terms.append((pick(full(s)), a, b))
+        return Terms(self.ctx, out_shape, terms)
+
+
+def _picker(unit: Tensor, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...], regular: bool):
+    """``t[..., unit]`` over the flattened plane, reshaped to ``out_spatial``: a strided view when ``unit`` is a
+    regular grid (a pool's window unit ``r`` at every output, stride ``s``), else a gather."""
+    coords = torch.stack(torch.unravel_index(unit, in_spatial)).reshape(len(in_spatial), *out_spatial)
+    if regular:
+        slices = []
+        for d in range(len(in_spatial)):
+            line = coords[d].movedim(d, -1).reshape(-1, out_spatial[d])
+            start = int(line[0, 0])
+            step = int(line[0, 1] - line[0, 0]) if out_spatial[d] > 1 else 1
+            expected = start + step * torch.arange(out_spatial[d], device=unit.device)
+            if step < 1 or not bool((line == expected).all()):
+                break
+            slices.append(slice(start, start + step * (out_spatial[d] - 1) + 1, step))
+        else:
+            return lambda t: t[(slice(None), slice(None), *slices)]
+    return lambda t: t.flatten(2).index_select(2, unit).view(*t.shape[:2], *out_spatial)
+
+
+def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
+    """``Σ_c first[i, c, p] second[j, c, p]``: ``(R, Cc, Q)`` for every pair when ``outer``, else ``(P, Q)`` for
+    aligned rows (``Q`` the flattened positions)."""
+    first, second = first.flatten(2), second.flatten(2)
+    if not outer:
+        return (first * second).sum(1)
+    # one fused multiply-add per channel: a batched GEMM of tiny matrices, one per position, ran 2-5× slower (CPU)
+    counts = torch.zeros(len(first), len(second), first.shape[2], dtype=first.dtype, device=first.device)
+    for c in range(first.shape[1]):
+        counts.addcmul_(first[:, None, c], second[None, :, c])
+    return counts
+
+
+def _step(rule: R.Rule, args, kwargs, ctx) -> Any:
+    """One node of the factored run: the factored form where it pays, else the rule on plain values."""
+    first = args[0] if args else None
+    spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
+    if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
+        return Terms.of(ctx, first).gate(*ctx.sides(rule.name))
+    if isinstance(first, Terms):
+        if isinstance(rule, R.Conv) and rule.groups == 1:
+            return rule.pair((first.channel_sum(),), kwargs, ctx)
+        if isinstance(rule, R.BatchNorm):
+            return first.plus_one()
+        if isinstance(rule, R.MaxPool):
+            return first.max_pool(rule)
+        if isinstance(rule, R.Identity):
+            return first
+    if isinstance(rule, R.BranchSum) and any(isinstance(a, Terms) for a in args[:2]) and \
+            _shape(args[0]) == _shape(args[1]):
+        return Terms.of(ctx, args[0]) + Terms.of(ctx, args[1])
+    if isinstance(rule, R.BatchNorm) and isinstance(first, Tensor) and first.dim() > 2 and first.stride(1) == 0:
+        return (first[:, :1] + 1.0).expand(first.shape)  # keep a conv's broadcast channels a view
+    plain = lambda v: v.value() if isinstance(v, Terms) else v  # noqa: E731
+    return rule.pair(fx.node.map_aggregate(args, plain), fx.node.map_aggregate(kwargs, plain), ctx)
+
+
+def _shape(v) -> tuple[int, ...]:
+    return v.shape if isinstance(v, Terms) else tuple(v.shape[1:])
+
+
+def run_factored(graph, x: Tensor, ctx) -> Tensor:
+    """The pair network of ``graph`` on pair inputs ``x`` (``(P, *input_shape)``), channels factored (the loop of
+    :func:`lightning_nsv.kernel.graph.run`, with :func:`_step` in place of ``rule.pair``)."""
+    env: dict[fx.Node, Any] = {}
+    look_up = env.__getitem__
+    for node, dead in zip(graph.nodes, graph.frees):
+        if node.op == "output":
+            out = env[node.args[0]]
+            return out.value() if isinstance(out, Terms) else out
+        env[node] = x if node.op == "placeholder" else graph.consts[node.target] if node.op == "get_attr" else \
+            _step(graph.rules[node.name], fx.node.map_arg(node.args, look_up), fx.node.map_arg(node.kwargs, look_up),
+                  ctx)
+        for name in dead:
+            del env[name]
+    raise AssertionError("an fx graph ends with its output node")

@@ -1,0 +1,66 @@
+"""The factored pair network (lightning_nsv.kernel.factored) against the plain one (DESIGN.md §2c "Speed")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
+from lightning_nsv.kernel import factored as F
+from lightning_nsv.models.residual import SmallResNet
+from tests.test_pair_network import CASES, inputs, randomise_bn, relative
+
+
+def both(module, x, **kwargs):
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    fast = PairNetworkColumns(graph, x, gates, factored=True, **kwargs)
+    fast.factored_min_side = 1  # every block factored, however small
+    return fast, PairNetworkColumns(graph, x, gates, factored=False, collapse=False, **kwargs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_factored_equals_plain_pair_network(case):
+    torch.manual_seed(0)
+    make, shape = CASES[case]
+    fast, plain = both(make(), inputs(shape, n=6), fast=False)
+    assert relative(fast.columns_tensor([4, 0, 2]), plain.columns_tensor([4, 0, 2])) < 1e-13
+    assert relative(fast.diagonal_tensor(), plain.diagonal_tensor()) < 1e-13
+    assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
+
+
+@pytest.mark.parametrize("blocks, beta", [((1, 1), 0.0), ((1, 2), 0.1), ((2, 0, 1), 0.0)])
+def test_small_resnet_keeps_terms_through_pools_and_sums(blocks, beta, monkeypatch):
+    """Max pools split the terms (the factored form reaches the head), and the kernel is the plain one."""
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(2, 1, 3, blocks, beta=beta)).eval()
+    x = inputs((2, 8, 8), n=5)
+    fast, plain = both(net, x)
+    splits = []
+    original = F.Terms.max_pool
+    monkeypatch.setattr(F.Terms, "max_pool", lambda self, rule: splits.append(rule.name) or original(self, rule))
+    columns = fast.columns_tensor([0, 3])
+    assert len(splits) == (len(blocks) - 1)
+    assert relative(columns, plain.columns_tensor([0, 3])) < 1e-13
+    assert relative(fast.diagonal_tensor(), plain.diagonal_tensor()) < 1e-13
+
+
+def test_pair_network_columns_follow_the_solver_protocol():
+    """The solver reads PairNetworkColumns as it is: numpy columns and diagonal, signed forms consistent."""
+    import numpy as np
+
+    from lightning_nsv.solver.protocol import KernelColumns, signed
+
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(1, 1, 2, (1, 1))).eval()
+    x = inputs((1, 8, 8), n=6)
+    columns, _ = both(net, x)
+    assert isinstance(columns, KernelColumns) and columns.offers_block
+    idx = np.array([4, 1])
+    kernel = columns.columns_tensor(idx).numpy()
+    assert isinstance(columns.columns(idx), np.ndarray) and np.array_equal(columns.columns(idx), kernel)
+    assert np.array_equal(columns.diagonal(), columns.diagonal_tensor().numpy())
+    signs = np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0])
+    expected = signed(kernel, signs, idx, 2.0)
+    assert np.allclose(columns.signed_columns(idx, signs, 2.0), expected, rtol=1e-15, atol=0)
+    assert np.allclose(columns.signed_rows(idx, signs, 2.0).numpy(), expected.T, rtol=1e-15, atol=0)
+    assert np.allclose(columns.signed_block(idx, signs, 2.0), expected[idx], rtol=1e-15, atol=0)
