@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from cnn_fc_depth import parser_for
+from cnn_fc_depth import HEAD, parser_for
 
 from lightning_nsv.experiments import cnn_point, parse, sweep_and_report
 from lightning_nsv.plotting import agreement_counts, error_bar_caption, plot_agreement
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.quick:
         args.fc_depths, args.m, args.width = [1, 2], args.m or 60, 16
     return sweep_and_report(args, NAME, [{"fc_depth": d} for d in args.fc_depths], partial(cnn_point, args),
-                            figure, TABLE)
+                            figure, TABLE, callback_options=HEAD)
 
 
 if __name__ == "__main__":

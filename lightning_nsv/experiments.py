@@ -273,19 +273,22 @@ def sweep_and_report(
     *,
     rows: Sequence[dict[str, Any]] | None = None,
     metrics: Sequence[str] = SUMMARY_METRICS,
+    callback_options: dict[str, Any] | None = None,
     **sweep_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """The whole of a sweep example: :func:`run_sweep` (unless ``rows`` of an earlier run are given, or
     ``--from-trials`` names CSV files of one; ``--replot`` only draws ``<name>.csv`` again, see :func:`replot`),
     :func:`summarise` by the grid's keys, ``figure(summary)`` (a figure, or a dict of file-name suffix to figure)
-    and :func:`write_results`; returns the summary."""
+    and :func:`write_results`; returns the summary. ``callback_options`` go to the callback after
+    :func:`callback_kwargs` (e.g. ``{"scope": "head"}``)."""
     by = list(grid[0])
     if getattr(args, "replot", False):
         return replot(args, name, figure)
     if rows is None and getattr(args, "from_trials", None):
         rows = [row for path in args.from_trials for row in read_csv(path)]
     if rows is None:
-        rows = run_sweep(args, grid, build, callback_kwargs=callback_kwargs(args), **sweep_kwargs)
+        rows = run_sweep(args, grid, build, callback_kwargs={**callback_kwargs(args), **(callback_options or {})},
+                         **sweep_kwargs)
     summary = summarise(rows, by, metrics)
     figures = figure(summary)
     figures = figures if isinstance(figures, dict) else {"": figures}
@@ -306,6 +309,7 @@ def report_sweep(
     ylabel: str,
     logx: bool = False,
     title: str | None = None,
+    callback_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`sweep_and_report` over one parameter ``key``, plotted by :func:`~lightning_nsv.plotting.plot_sweep`
     (``series`` maps summary metrics to legend labels)."""
@@ -314,7 +318,8 @@ def report_sweep(
     def figure(summary: list[dict[str, Any]]) -> Any:
         return plot_sweep(summary, key, series, xlabel=xlabel, ylabel=ylabel, logx=logx, title=title)[0]
 
-    return sweep_and_report(args, name, [{key: value} for value in values], build, figure, table)
+    return sweep_and_report(args, name, [{key: value} for value in values], build, figure, table,
+                            callback_options=callback_options)
 
 
 def seeds(args: argparse.Namespace) -> range:

@@ -7,7 +7,7 @@ import lightning_nsv.callbacks.network_support_vectors as callback_module
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
-from lightning_nsv.models import LeakyReLUMLP
+from lightning_nsv.models import ConvFCNet, LeakyReLUMLP
 
 SERVED = []
 
@@ -18,7 +18,7 @@ def counted_serve(*args, **kwargs):
 
 
 if __name__ == "__main__":
-    out = sys.argv[1]
+    out, kind = sys.argv[1], (sys.argv[2:] or ["mlp"])[0]  # "cnn": the whole network, analysed by rank 0 alone
     callback_module.serve_kernel_columns_uncounted = callback_module.serve_kernel_columns
     callback_module.serve_kernel_columns = counted_serve  # rank 1: the column blocks it computed for rank 0
     pl.seed_everything(0)
@@ -26,8 +26,9 @@ if __name__ == "__main__":
     trainer = pl.Trainer(max_epochs=60, accelerator="cpu", devices=2, strategy="ddp", callbacks=[callback],
                          logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False, default_root_dir=out)
-    trainer.fit(LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01),
-                datamodule=DigitsDataModule(m=200, seed=0, batch_size=25))
+    model = (ConvFCNet(in_channels=1, image_size=8, fc_depth=1, fc_width=16, conv_channels=4, optimizer="adam",
+                       lr=0.01) if kind == "cnn" else LeakyReLUMLP(widths=[32, 32], optimizer="adam", lr=0.01))
+    trainer.fit(model, datamodule=DigitsDataModule(m=200, seed=0, batch_size=25))
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump({"zero_error_epoch": callback.zero_error_epoch, "metrics": callback.metrics,
                    "analysed_here": callback.analysis is not None, "stopped_after": trainer.current_epoch,

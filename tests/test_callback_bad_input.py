@@ -163,11 +163,13 @@ def test_batches_that_are_not_pairs_are_refused(tmp_path):
         trainer.fit(Unlabelled(), DataLoader(_data()[0], batch_size=8))
 
 
-def test_a_module_without_a_sequential_is_refused(tmp_path):
+def test_a_module_without_a_sequential_has_no_head_and_is_analysed_whole(tmp_path):
     x, y = _data()
     with pytest.raises(UnsupportedNetworkError, match=r"Classifier: could not tell which nn.Sequential holds the "
                                                       r"classifier \(found: none\)\. Pass `path_module`"):
-        _fit(tmp_path, Classifier(sequential=False), x, y)
+        _fit(tmp_path, Classifier(sequential=False), x, y, callback=NetworkSupportVectors(scope="head"))
+    _, callback = _fit(tmp_path, Classifier(sequential=False, lr=0.5), x, y, max_epochs=60)
+    assert callback.analysis.scope == "whole network: 2 maps, 1 gate layer, 0 max-pools, 16 gates"
 
 
 def test_a_missing_path_module_is_named(tmp_path):

@@ -1,6 +1,7 @@
 """ConvFCNet: shapes, the head the callback reads, its path kernel against brute force, and the callback end to end."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,13 +78,16 @@ def test_hyperparameters_rebuild_the_model_and_multiclass_trains():
     torch.testing.assert_close(loss, nn.functional.cross_entropy(model(x), y))
 
 
-def test_callback_runs_on_conv_fc_end_to_end(tmp_path):
+@pytest.mark.parametrize("scope, gates", [("head", 32), ("auto", 8 * 64 + 8 * 16 + 8 * 16 + 8 * 4 + 8 * 4 + 2 * 16)])
+def test_callback_runs_on_conv_fc_end_to_end(tmp_path, scope, gates):
+    """``scope="head"``: the paper's protocol (FC head after the conv trunk as a fixed embedding); by default the whole
+    network, whose compression bound counts every gate (conv, FC and max-pool selections)."""
     pl.seed_everything(0, verbose=False)
     torch.set_num_threads(1)
     datamodule = DigitsDataModule(m=40, batch_size=10, seed=0)
     model = ConvFCNet(in_channels=1, image_size=8, fc_depth=2, fc_width=16, conv_channels=8, optimizer="adam",
                       lr=0.005)
-    callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"))
+    callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"), scope=scope)
     trainer = pl.Trainer(max_epochs=40, callbacks=[callback], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                          limit_val_batches=0)
@@ -91,7 +95,10 @@ def test_callback_runs_on_conv_fc_end_to_end(tmp_path):
     assert callback.analysis is not None, "the tiny CNN should reach zero training error"
     analysis = callback.analysis
     assert analysis.m == 40 and 0 < analysis.n_support <= 40
-    assert analysis.n_hidden == 32
+    assert analysis.n_hidden == gates  # conv gates, max-pool selections, conv gates, …, FC gates; or the FC gates
+    report = json.loads(next((tmp_path / "nsv").glob("*.json")).read_text())["report"]
+    assert report.startswith("head only: 3 Linear layers of ConvFCNet.net" if scope == "head" else
+                             "path kernel of the whole network: 6 maps, 5 gate layers, 2 max-pools, 864 gates")
     assert analysis.svm.kkt_residual < 1e-6 and analysis.svm.n_margin_violations == 0
     assert analysis.margin_ratio <= 1 + 1e-9
     assert analysis.val_agreement is not None and analysis.val_errors_both <= analysis.val_errors_network
@@ -106,4 +113,13 @@ def test_digits_cnn_config_builds_model_and_data():
                        subclass_mode_data=True, run=False, save_config_callback=None,
                        args=["--config", str(CONFIGS / "digits_cnn.yaml"), "--trainer.logger", "false"])
     assert isinstance(cli.model, ConvFCNet) and isinstance(cli.datamodule, DigitsDataModule)
-    assert any(isinstance(c, NetworkSupportVectors) for c in cli.trainer.callbacks)
+    nsv = [c for c in cli.trainer.callbacks if isinstance(c, NetworkSupportVectors)]
+    assert len(nsv) == 1 and nsv[0].scope == "head"  # the paper's protocol, kept explicitly
+
+
+def test_the_paper_cnn_configs_keep_the_head_scope():
+    import yaml
+
+    for name in ("digits_cnn.yaml", "cifar_frogs_ships_cnn.yaml"):
+        config = yaml.safe_load((CONFIGS / name).read_text())
+        assert config["trainer"]["callbacks"][0]["init_args"]["scope"] == "head", name

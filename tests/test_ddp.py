@@ -10,10 +10,13 @@ import torch
 from lightning_nsv.artifacts import load_support_vectors, reproduce
 
 
-def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
+    """An MLP: the head's code path, rank 1 computing its shard of the kernel columns; a CNN: the whole network,
+    whose columns rank 0 forms alone."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     script = Path(__file__).with_name("ddp_fit.py")
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), kind], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
@@ -22,7 +25,11 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path):
     assert rank0["stopped_after"] == rank1["stopped_after"] == rank0["zero_error_epoch"] + 1
     assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
     assert rank0["analysed_here"] and not rank1["analysed_here"]
-    assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1 computed columns
+    if kind == "mlp":
+        assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1's columns
+    else:
+        assert rank0["served"] == rank1["served"] == [] and rank0["metrics"]["scope_gates"] == 4 * (64 + 16 + 16 + 4
+                                                                                                   + 4) + 16
     assert rank0["val_loss"] == rank1["val_loss"]  # an epoch aggregate synchronised across ranks
     results = list((tmp_path / "nsv").glob("*.pt"))
     assert len(results) == 1

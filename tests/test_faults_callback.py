@@ -51,7 +51,7 @@ def test_a_head_with_zero_hidden_units_is_refused(tmp_path):
     with pytest.raises(UnsupportedNetworkError, match=r"Classifier.model: layer 1, Linear\(in_features=16, "
                                                       r"out_features=0.*has no outputs: every layer of the path part "
                                                       r"needs at least one unit"):
-        _fit(tmp_path, model, *_data())
+        _fit(tmp_path, model, *_data(), callback=NetworkSupportVectors(scope="head"))
     assert _no_results(tmp_path)
 
 

@@ -187,15 +187,16 @@ def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
     import lightning_nsv.callbacks.nsv_checks as module
 
     data = DigitsDataModule(m=50, batch_size=50)
-    tf32_like = UserClassifier(rounding=2e-3)  # outputs off by about TF32's rounding (a 10-bit mantissa)
+    # outputs off by about TF32's rounding (a 10-bit mantissa); `scope="auto"` would analyse the whole module instead
+    tf32_like = UserClassifier(rounding=2e-3)
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
-        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
+        trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
     monkeypatch.setattr(module, "_reduced_float32_matmuls", lambda device: True)  # as after
-    trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
+    trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
         UserClassifier(rounding=2e-3), datamodule=data)
     for module_ in (UserClassifier(squash=True), UserClassifier(rounding=5e-2)):  # still too far off
         with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
-            trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(module_, datamodule=data)
+            trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(module_, datamodule=data)
 
 
 def test_tf32_is_read_through_the_new_precision_api():
@@ -224,7 +225,7 @@ def test_rejects_unsupported_modules_with_their_name(tmp_path):
     data.setup("fit")  # plain loaders below: no `num_classes` to check the head against first
     with pytest.raises(ValueError, match=r"output of UserClassifier has 1 values per sample, but its path part "
                                          r"UserClassifier.model has 3; the module must return the head's output"):
-        trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(
+        trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(  # auto: the whole
             UserClassifier(outputs=3), train_dataloaders=data.train_dataloader())
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(), max_epochs=1, logger=False).fit(

@@ -10,34 +10,28 @@ import contextlib
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lightning_nsv.callbacks.nsv_checks import (ZeroErrorChecks, _check_arguments, _check_head_fits_classes,
                                                 _first_non_finite_parameter)
-from lightning_nsv.callbacks.nsv_data import (_analysis_device, _say_no_training_batches, _split_batch,
-                                              _train_dataset, _trains_on_part, _val_dataset)
 from lightning_nsv.callbacks.dashboard import log_scalars
+from lightning_nsv.callbacks.nsv_data import _say_no_training_batches, _train_dataset, _trains_on_part, _val_dataset
 from lightning_nsv.callbacks.nsv_outputs import AnalysisOutputs, _register_hparams
+from lightning_nsv.callbacks.nsv_scope import ScopeChoice, WholeNetwork, _example_inputs
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
-from lightning_nsv.extract import PathPart, find_path_part
+from lightning_nsv.errors import NonFiniteError
+from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.multiclass import multiclass_support_vectors
-from lightning_nsv.path_space import InputGramCache, forward_with_slopes
+from lightning_nsv.path_space import InputGramCache
 from lightning_nsv.sharded import ColumnSharing
-from lightning_nsv.support_vectors import (
-    SupportVectorAnalysis,
-    network_support_vectors,
-    serve_kernel_columns,
-    uses_dense_kernel,
-)
+from lightning_nsv.support_vectors import SupportVectorAnalysis, serve_kernel_columns, uses_dense_kernel
 
 __all__ = ["NetworkSupportVectors"]
 
 
-class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
+class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callback):
     """Fits the max-margin classifier in path space once the network reaches zero training error.
 
     At the end of every ``every_n_epochs``-th training epoch the callback checks Assumption 1 of Snyder &
@@ -48,13 +42,19 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
     kernel is computed, the max-margin SVM is fitted (exactly, without intercept, or scikit-learn's ``SVC``
     with ``intercept=True``), results are logged and saved, and training stops if ``stop_on_zero_error``.
 
-    The network is found with :func:`~lightning_nsv.extract.find_path_part`: the module's ``nn.Sequential``
-    of Linear and ReLU/LeakyReLU layers (after an optional trunk ending with ``nn.Flatten``), or the
-    submodules named by ``path_module``/``embedding``. The module's output must be that head's output; this is
-    checked on the first batch and at every analysis, on the ``HEAD_CHECK_SAMPLES`` training samples nearest the
-    decision boundary. A training set of one class is said and not analysed. Batches must be ``(inputs, labels)``
-    (labels of shape ``(n,)`` or ``(n, 1)``) with labels 0/1 or ±1 for a head with one
-    output (its logit), or class labels ``0..K-1`` for a head with K >= 2 outputs (the class scores): then zero
+    What is analysed (``scope``): by default the whole module (its ``forward`` on the raw inputs), traced into the
+    pair network of DESIGN.md §2c (:func:`~lightning_nsv.analysis.whole_network_support_vectors`: convolutions,
+    pooling, BatchNorm in eval mode, residual sums, code in ``forward``); a module that is a plain Linear/Leaky-ReLU
+    chain goes the head's way (the same kernel, with its fast path, DDP sharding and Gram cache). With
+    ``scope="head"`` (or ``path_module``/``embedding``), the head that :func:`~lightning_nsv.extract.find_path_part`
+    finds: the module's ``nn.Sequential`` of Linear and ReLU/LeakyReLU layers after an optional trunk ending with
+    ``nn.Flatten``, the trunk's output being a fixed embedding (paper 000's CNN + FC protocol); the module's output
+    must be that head's output, checked on the first batch and at every analysis on the ``HEAD_CHECK_SAMPLES``
+    training samples nearest the decision boundary. The report, the TensorBoard text and the result file say which
+    ("path kernel of the whole network: 6 maps, 5 gate layers, 2 max-pools, 864 gates" or "head only: …; trunk …
+    is a fixed embedding"). A training set of one class is said and not analysed. Batches must be
+    ``(inputs, labels)`` (labels of shape ``(n,)`` or ``(n, 1)``) with labels 0/1 or ±1 for a network with one
+    output (its logit), or class labels ``0..K-1`` for K >= 2 outputs (the class scores): then zero
     training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
     classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
     (``n_support_class<k>``) and a support-vector grid grouped by class.
@@ -93,6 +93,10 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         seed: Seed of the random probe.
         multiclass: For heads with K >= 2 outputs: ``"exact"``, the multi-class max-margin problem through the
             origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
+        scope: ``"auto"``: the whole module, unless ``path_module``/``embedding`` name a head, ``intercept=True``
+            or ``multiclass="ovr"`` ask for the head's analysis, or the module is not piecewise linear (an info line
+            says so, and the head is analysed where there is one); ``"whole"``: the whole module, refused with the
+            operation named (and the choices) where it is not piecewise linear; ``"head"``: the head only.
         solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
             ``"torch"`` on the analysis device, ``"numpy"`` on the CPU, ``"auto"`` torch on a GPU and numpy on the
             CPU (less CPU time there). The analysis device is the module's for CUDA (the zero-error pass, the kernel
@@ -104,7 +108,10 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         ValueError: On arguments out of range; on the first batch when inputs or weights are not finite, or
             the module's output is not the head's (and at every analysis); at the start of training when the training
             set is empty.
-        UnsupportedNetworkError: At ``setup`` when the module has no supported path part.
+        UnsupportedNetworkError: At ``setup`` when the module has no supported path part (``scope="head"``).
+        NotPiecewiseLinearError: With ``scope="whole"``, once the first training samples are there (at ``setup`` for
+            a data module's), when the module holds an operation outside DESIGN.md §2c's table; with ``"auto"``
+            where it has no head either (``NoAnalysableScopeError``, both).
         LightningPackageMismatch: At ``setup`` when the Trainer comes from the other Lightning package.
 
     Logged metrics (``nsv/`` prefix, at each analysis, plus ``nsv/zero_error_epoch``, the first such epoch, and
@@ -125,7 +132,8 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         the headline numbers, the bound marked vacuous above 1), ``nsv/support_vectors`` (image data),
         ``nsv/log10_alpha`` (histogram of log10 α), ``nsv/alpha_histogram``, ``nsv/decision_boundaries`` (2-D
         inputs: network and SVM side by side), ``nsv/path_weights`` (networks of at most 400 weights, coloured by
-        sign).
+        sign); these two for a head only. The whole network adds ``scope_maps``, ``scope_gate_layers``,
+        ``scope_max_pools`` and ``scope_gates``.
         When a fit ends at ``max_epochs`` without zero training error, ``nsv/zero_error_reached`` = 0 is written
         and a warning gives the number of training samples still misclassified; a fit stopped earlier says
         "not reached yet" and writes no verdict.
@@ -158,11 +166,13 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         seed: int = 0,
         multiclass: Literal["exact", "ovr"] = "exact",
         solver: Literal["auto", "numpy", "torch"] = "auto",
+        scope: Literal["auto", "whole", "head"] = "auto",
     ) -> None:
         _check_arguments(every_n_epochs=every_n_epochs, probe_size=probe_size, stop_on_zero_error=stop_on_zero_error,
                          intercept=intercept, C=C, delta=delta, kernel=kernel, max_dense_bytes=max_dense_bytes,
                          path_module=path_module, embedding=embedding, batch_size=batch_size, save_dir=save_dir,
-                         max_images=max_images, seed=seed, multiclass=multiclass, solver=solver)
+                         max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope)
+        self.scope = scope
         self.multiclass = multiclass
         self.solver = solver
         self.kernel = kernel
@@ -185,7 +195,10 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         self.history: list[dict[str, float]] = []
         self._hard: list[int] = []
         self._previous_support: list[int] = []
-        self._path: PathPart | None = None
+        self._path: PathPart | WholeNetwork | None = None  # what is analysed (see nsv_scope)
+        self._head: PathPart | None = None
+        self._head_error: str | None = None
+        self._scope_text: str | None = None  # the report's first line, once the scope is decided
         self._kept: list[tuple[Tensor, Tensor]] = []
         self._warned: set[str] = set()
         self._diverged = False
@@ -209,7 +222,16 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
             raise NotADirectoryError(f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}` is an existing file, so "
                                      "no result could be saved there after training; name a directory (or None for "
                                      "<log_dir>/nsv)")
-        self._path = find_path_part(pl_module, self.path_module, self.embedding)
+        self._find_head(pl_module)
+        datamodule = trainer.datamodule
+        self._settle_scope(trainer, pl_module, getattr(datamodule, "train_dataset", None) if datamodule else None)
+
+    def _settle_scope(self, trainer: pl.Trainer, pl_module: pl.LightningModule, dataset: Dataset | None) -> None:
+        """Decide the scope on the first training samples, once (at setup where the data module holds them, else at
+        the start of training or of the analysis), and check the analysed part's outputs against the classes."""
+        if self._scope_text is not None or dataset is None or not len(dataset):
+            return
+        self._choose_scope(pl_module, _example_inputs(dataset).to(pl_module.device))
         _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
             raise ValueError(
@@ -244,6 +266,7 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
                 f"training error is checked and the SVM fitted on all {len(dataset)} training samples. Pass a "
                 "data module with `m` set to the samples you train on to analyse just those."
             )
+        self._settle_scope(trainer, pl_module, dataset)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:
@@ -346,8 +369,13 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
 
     def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         dataset = _train_dataset(trainer)
-        net = self._path.path_network()
-        non_finite = _first_non_finite_parameter(pl_module)
+        self._settle_scope(trainer, pl_module, dataset)
+        non_finite, net = _first_non_finite_parameter(pl_module), None
+        if non_finite is None:
+            try:
+                net = self._path.path_network()  # the whole network: traced with the current weights
+            except NonFiniteError as err:
+                non_finite = f"the float64 forward of the first training samples is not finite ({err})"
         if non_finite is not None:
             self._warn_diverged(non_finite, dataset)
             clean = False
@@ -385,9 +413,10 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
     def _shares_columns(self, trainer: pl.Trainer, net) -> bool:
-        """Under DDP the ranks compute the kernel columns of the binary columns path together."""
-        return (trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
-                and net.num_outputs == 1 and not uses_dense_kernel(self.kernel, self.intercept))
+        """Under DDP the ranks compute the kernel columns of the binary columns path together (the head's; the whole
+        network's columns are rank 0's: sharded pair-network columns would start here)."""
+        return (not self._whole and trainer.world_size > 1 and torch.distributed.is_available()
+                and torch.distributed.is_initialized() and net.num_outputs == 1 and not uses_dense_kernel(self.kernel, self.intercept))
 
     def _analyse(self, trainer, pl_module, dataset, net, directory: Path,
                  sharing: ColumnSharing | None = None) -> dict[str, float]:
@@ -395,7 +424,7 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
         x_train, y_train = self._embedded_training_set(dataset, pl_module)
         val = _val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
-        if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1]):
+        if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1:]):
             x_val = y_val = None
         epoch = self._current_epoch(trainer)
         analysis = self._fit_with_progress(trainer, net, x_train, y_train, x_val, y_val, sharing, epoch)
@@ -409,41 +438,3 @@ class NetworkSupportVectors(ZeroErrorChecks, AnalysisOutputs, Callback):
             metrics["patterns_changed"] = float(changed)
         self._log_figures(trainer, dataset, net, x_train, y_train, analysis, metrics, epoch, sink)
         return {**metrics, "_support": analysis.svm.support_.tolist()}
-
-    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None):
-        if net.num_outputs == 1:
-            return network_support_vectors(
-                net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
-                kernel=self.kernel, max_dense_bytes=self.max_dense_bytes,
-                initial=self._previous_support or None, sharing=sharing, solver=self.solver,
-                cache=None if self.stop_on_zero_error else self._gram_cache,  # rows kept for the next analysis only
-            )
-        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=self.multiclass,
-                                          delta=self.delta, solver=self.solver)  # on the CPU: warns for "torch"
-
-    def _patterns_changed(self, net, x_train: Tensor) -> int | None:
-        """Training samples whose activation pattern changed since the last analysis (None at the first). A
-        per-sample comparison: ``path_space.unique_patterns`` counts distinct patterns, which does not give it."""
-        slopes = forward_with_slopes(net.to(x_train.device), x_train)[1]
-        if not slopes:
-            return None
-        bits = torch.cat([s == g for s, g in zip(slopes, net.gammas)], dim=1).cpu().numpy()
-        packed = torch.from_numpy(np.packbits(bits, axis=1))
-        previous, self._previous_patterns = self._previous_patterns, packed
-        if previous is None or previous.shape != packed.shape:
-            return None
-        return int((previous != packed).any(1).sum())
-
-    def _embedded_training_set(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
-        kept, self._kept = self._kept, []
-        if kept:
-            return torch.cat([b[0] for b in kept]), torch.cat([b[1] for b in kept])
-        return self._embed_all(dataset, pl_module)
-
-    def _embed_all(self, dataset: Dataset, pl_module) -> tuple[Tensor, Tensor]:
-        # an own generator: iterating a DataLoader would otherwise draw from the global RNG of training
-        loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, generator=torch.Generator())
-        with eval_mode(pl_module), torch.no_grad():
-            device = _analysis_device(pl_module)
-            parts = [(self._path.embed(x.to(pl_module.device)).to(device), y) for x, y in map(_split_batch, loader)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

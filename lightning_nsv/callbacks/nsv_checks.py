@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from torchmetrics.aggregation import SumMetric
 
 from lightning_nsv.callbacks.nsv_data import _analysis_device, _gather, _split_batch
+from lightning_nsv.callbacks.nsv_scope import SCOPES, network_outputs64
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
@@ -27,7 +28,8 @@ from lightning_nsv.support_vectors import conflicting_duplicates, signed_labels
 
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
                      delta: Any, kernel: Any, max_dense_bytes: Any, path_module: Any, embedding: Any, batch_size: Any,
-                     save_dir: Any, max_images: Any, seed: Any, multiclass: Any, solver: Any) -> None:
+                     save_dir: Any, max_images: Any, seed: Any, multiclass: Any, solver: Any,
+                     scope: Any = "auto") -> None:
     """Refuse the callback's arguments of the wrong type or out of range, naming the argument and a valid value."""
     for name, value, low in (("every_n_epochs", every_n_epochs, 1), ("batch_size", batch_size, 1),
                              ("max_dense_bytes", max_dense_bytes, 1), ("probe_size", probe_size, 0),
@@ -53,6 +55,16 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")
+    check_choice("scope", scope, SCOPES, "'whole' analyses the whole module, 'head' its Linear/Leaky-ReLU head after "
+                 "a fixed embedding (paper 000's CNN + FC), 'auto' the whole module unless `path_module`/`embedding` "
+                 "name a head or it is not piecewise linear")
+    if scope == "whole" and (path_module is not None or embedding is not None):
+        raise ValueError("`path_module`/`embedding` name a head and its trunk, but scope='whole' analyses the whole "
+                         "module: pass scope='head' (or leave scope out) to analyse that head, or drop them")
+    if scope == "whole" and (intercept or multiclass == "ovr"):
+        option = "intercept=True` (the paper's SVC protocol)" if intercept else "multiclass='ovr'`"
+        raise ValueError(f"`{option} is an analysis of the head; the whole network is analysed through the origin "
+                         "(binary, or the exact K-class problem): pass scope='head' for it, or leave it out")
 
 
 def _check_integer(name: str, value: Any, low: int | None) -> None:
@@ -75,7 +87,7 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
     if (outputs == 1 and classes != 2) or (outputs > 1 and outputs != classes):
         task = f" (task={datamodule.task!r})" if isinstance(getattr(datamodule, "task", None), str) else ""
         raise ValueError(
-            f"NetworkSupportVectors: the head {path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
+            f"NetworkSupportVectors: {'the head ' * isinstance(path, PathPart)}{path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
             f"module {type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class "
             "head K. `lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
             "checkpoint was trained with."
@@ -185,7 +197,7 @@ class ZeroErrorChecks:
                 f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {row} of the "
                 "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
             )
-        mismatch = self._module_mismatch(pl_module, x[:8], "the first training batch")
+        mismatch = None if self._whole else self._module_mismatch(pl_module, x[:8], "the first training batch")
         if mismatch is not None:
             raise ValueError(mismatch)
 
@@ -225,8 +237,8 @@ class ZeroErrorChecks:
             f"({_values(output[row])} against {_values(head[row])} on {sample}, checked on {where}), so an analysis of "
             "that head would not describe the module (it could report zero training error the module does not have). "
             "Choices: make `forward` return the path part's output unchanged (no sigmoid, no extra layers, no "
-            "parameter added or multiplied outside it); name the parts with `path_module=`/`embedding=`; analysing "
-            "the whole network is a coming feature."
+            "parameter added or multiplied outside it); name the parts with `path_module=`/`embedding=`; or analyse "
+            "the whole network (`scope='whole'`), whose function is the module's own."
         )
 
     def _trustworthy(self, trainer: pl.Trainer) -> bool:
@@ -280,7 +292,7 @@ class ZeroErrorChecks:
         self._label_range = (labels.min().item(), labels.max().item()) if len(labels) else (None, None)
         # the module against its head on the samples nearest the boundary, where a difference flips a sign
         nearest = [shard[i] for i in torch.argsort(margins)[:HEAD_CHECK_SAMPLES].tolist()]
-        if nearest:
+        if nearest and not self._whole:  # the whole network's function is the module's
             self._mismatch = self._module_mismatch(pl_module, _gather(dataset, nearest)[0], "the "
                                                    f"{len(nearest)} training samples nearest its decision boundary "
                                                    f"at epoch {self._current_epoch(trainer)}", nearest,
@@ -299,7 +311,7 @@ class ZeroErrorChecks:
             embedded = self._path.embed(x.to(pl_module.device)).to(device)
             if keep is not None:
                 keep.append((embedded, y))
-            outputs = forward_with_slopes(on_device, embedded)[0].cpu()
+            outputs = network_outputs64(on_device, embedded).cpu()
             try:
                 margin = self._margins(outputs, y)
             except ValueError as err:  # labels are checked in the first training batch only, by the callback
@@ -358,12 +370,13 @@ class ZeroErrorChecks:
                 "labels: no classifier separates them, so zero training error cannot be reached however long the "
                 "network trains. Remove or relabel the duplicates.")
 
-    def _usable_validation(self, x_val: Tensor, y_val: Tensor, features: int) -> bool:
+    def _usable_validation(self, x_val: Tensor, y_val: Tensor, shape: tuple[int, ...]) -> bool:
         """Whether the validation samples can be compared (before the analysis, which would otherwise fail at its end);
         else a warning names the problem and the analysis runs without them."""
         problem = None
-        if x_val.shape[1] != features:
-            problem = f"embed to {x_val.shape[1]} features, the training samples to {features}"
+        if tuple(x_val.shape[1:]) != tuple(shape):
+            problem = (f"embed to {x_val.shape[1]} features, the training samples to {shape[0]}" if len(shape) == 1
+                       else f"have inputs of shape {tuple(x_val.shape[1:])}, the training samples {tuple(shape)}")
         elif (row := _first_non_finite_row(x_val)) is not None:
             problem = f"hold NaN/inf inputs (validation sample {row})"
         else:

@@ -10,13 +10,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors
+from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors, whole_network_payload
 from lightning_nsv.callbacks.dashboard import (HEADLINE, hparams_metrics, log_scalars, nsv_charts, register_hparams,
                                                write_layout)
 from lightning_nsv.callbacks.nsv_data import _gather
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import pl, rank_zero_info
 from lightning_nsv.max_margin import solver_progress
+from lightning_nsv.path_space import PathNetwork
 from lightning_nsv.sharded import ColumnSharing
 from lightning_nsv.support_vectors import SupportVectorAnalysis, uses_dense_kernel
 
@@ -47,9 +48,9 @@ class _SolverBar:
             self.bar.close()
 
 
-def _markdown_report(epoch: int, analysis: SupportVectorAnalysis) -> str:
+def _markdown_report(epoch: int, analysis: SupportVectorAnalysis, report: str) -> str:
     rows = "\n".join(f"| `nsv/{key}` | {value:.6g} |" for key, value in analysis.to_metrics().items())
-    report = analysis.report().replace("\n", "  \n")
+    report = report.replace("\n", "  \n")
     return f"**Network support vectors at epoch {epoch}**  \n{report}\n\n| metric | value |\n|---|---|\n{rows}"
 
 
@@ -69,6 +70,8 @@ class AnalysisOutputs:
         """The max-margin fit, said before and after, with a solver bar where the Trainer shows a progress bar."""
         m = len(y_train)
         how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
+        if not isinstance(net, PathNetwork):
+            how = "path kernel columns of candidate support vectors (of the whole network, by the pair network)"
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
@@ -81,7 +84,7 @@ class AnalysisOutputs:
             progress.close()
         self.analysis = analysis
         self._say(trainer, f"NetworkSupportVectors: analysis done in {_seconds(time.perf_counter() - started)}\n"
-                           + analysis.report())
+                           + self._report_of(analysis))
         return analysis
 
     def _save_and_report(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis,
@@ -90,7 +93,7 @@ class AnalysisOutputs:
         self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
         write_layout(trainer)  # once per run
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
-        sink.text("nsv/report", _markdown_report(epoch, analysis), trainer.global_step)
+        sink.text("nsv/report", _markdown_report(epoch, analysis, self._report_of(analysis)), trainer.global_step)
         return sink
 
     def _log_figures(self, trainer, dataset, net, x_train: Tensor, y_train: Tensor, analysis: SupportVectorAnalysis,
@@ -108,7 +111,7 @@ class AnalysisOutputs:
                 [max(h["epoch"], 1.0) for h in series], [h["cosine_wbar_v"] for h in series],
                 [h.get("margin_ratio", float("nan")) for h in series])[0], trainer.global_step)
         self._log_support_vectors(trainer, dataset, analysis, sink)
-        if net.num_outputs == 1:
+        if net.num_outputs == 1 and isinstance(net, PathNetwork):  # the figures read the head's path network
             self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
 
     def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float],
@@ -148,7 +151,25 @@ class AnalysisOutputs:
         datamodule = trainer.datamodule
         source = getattr(datamodule, "train_indices", None)
         module_hparams = getattr(pl_module, "hparams", None)
+        common = {
+            "module_class": class_path(pl_module),
+            "module_hparams": plain(dict(module_hparams)) if module_hparams else None,
+            "module_state": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
+            "data_class": class_path(datamodule),
+            "data_hparams": plain(dict(datamodule.hparams)) if getattr(datamodule, "hparams", None) else None,
+            "train_indices": None if source is None else torch.as_tensor(source),
+            "epoch": self._current_epoch(trainer),
+            "global_step": trainer.global_step,
+            "metrics": analysis.to_metrics(),
+        }
+        stem, report = f"support_vectors_epoch{self._current_epoch(trainer)}", self._report_of(analysis)
+        if not isinstance(net, PathNetwork):  # the whole module: its state and outputs, no path network
+            payload = {**common, **whole_network_payload(analysis, pl_module, x_train, y_train)}
+            return save_support_vectors(directory, stem, payload, report=report)
         payload = {
+            **common,
+            "scope": "head",
+            "scope_summary": self._scope_text,
             "support": torch.from_numpy(analysis.svm.support_),
             "alpha": torch.from_numpy(analysis.svm.alpha_),
             "intercept": getattr(analysis.svm, "intercept_", 0.0),
@@ -159,25 +180,15 @@ class AnalysisOutputs:
             "path_part": self._path.name,
             "path_module": self.path_module,
             "embedding": self.embedding,
-            "module_class": class_path(pl_module),
-            "module_hparams": plain(dict(module_hparams)) if module_hparams else None,
-            "module_state": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
-            "data_class": class_path(datamodule),
-            "data_hparams": plain(dict(datamodule.hparams)) if getattr(datamodule, "hparams", None) else None,
-            "train_indices": None if source is None else torch.as_tensor(source),
-            "epoch": self._current_epoch(trainer),
-            "global_step": trainer.global_step,
             "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
                        "backend": getattr(analysis, "solver_backend", "numpy"),  # multi-class: the CPU
                        "multiclass": self.multiclass, "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
                        "kernel_scale": getattr(analysis.svm, "kernel_scale", None),
                        "C_effective": getattr(analysis.svm, "C_effective", None),
                        "kkt_residual": analysis.svm.kkt_residual, "iterations": getattr(analysis.svm, "iterations", 0)},
-            "metrics": analysis.to_metrics(),
             "outputs": network_outputs(net, x_train),  # reproduce() compares them
         }
-        return save_support_vectors(directory, f"support_vectors_epoch{self._current_epoch(trainer)}", payload,
-                                    report=analysis.report())
+        return save_support_vectors(directory, stem, payload, report=report)
 
     def _log_support_vectors(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         from lightning_nsv.plotting import alpha_histogram, image_grid, short_number
