@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import re
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -373,21 +372,14 @@ class NSVLightningCLI(LightningCLI):
             torch.set_num_threads(threads)
             self._thread_limits = threadpool_limits(threads)
 
-    def before_fit(self) -> None:
-        self._started = time.time()
-
-    before_analyze = before_fit
-
     def after_fit(self) -> None:
         """Say where the logs and the result files of this run are (on rank zero)."""
         directory = log_directory(self.trainer)  # a collective: every rank asks
         results = []
         for callback in self.trainer.callbacks:
-            if isinstance(callback, NetworkSupportVectors) and callback.history:
-                saved = Path(callback.save_dir) if callback.save_dir else directory / "nsv"
-                pt = saved / f"support_vectors_epoch{int(callback.history[-1]['epoch'])}.pt"
-                if pt.is_file() and pt.stat().st_mtime >= self._started - 1:  # not one a resumed fit restored
-                    results.append(pt)
+            pt = callback.result_path if isinstance(callback, NetworkSupportVectors) else None
+            if pt is not None and pt.is_file():  # written in this run (a resumed fit's restored state holds none)
+                results.append(pt)
         if self.trainer.is_global_zero:
             print(f"logs: {directory}")
             for pt in results:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -90,6 +90,9 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         batch_size: Batch size of the callback's own passes over the data.
         save_dir: Where results go; default ``<log_dir>/nsv``.
         max_images: Support vectors shown in the image grid (the largest α first).
+        image_shape: ``(C, H, W)`` or ``(H, W)`` of inputs given flat (e.g. ``(1, 8, 8)`` for 64 features), so that
+            the support vectors are drawn as images; default: the data module's ``image_shape`` (or ``input_shape``).
+            Without either, flat inputs get no image grid and the callback says so once.
         seed: Seed of the random probe.
         multiclass: For heads with K >= 2 outputs: ``"exact"``, the multi-class max-margin problem through the
             origin over (sample, class) pairs, or ``"ovr"``, K one-vs-rest problems on one kernel.
@@ -167,12 +170,14 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         multiclass: Literal["exact", "ovr"] = "exact",
         solver: Literal["auto", "numpy", "torch"] = "auto",
         scope: Literal["auto", "whole", "head"] = "auto",
+        image_shape: Sequence[int] | None = None,
     ) -> None:
         _check_arguments(every_n_epochs=every_n_epochs, probe_size=probe_size, stop_on_zero_error=stop_on_zero_error,
                          intercept=intercept, C=C, delta=delta, kernel=kernel, max_dense_bytes=max_dense_bytes,
                          path_module=path_module, embedding=embedding, batch_size=batch_size, save_dir=save_dir,
-                         max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope)
-        self.scope = scope
+                         max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope,
+                         image_shape=image_shape)
+        self.scope, self.image_shape = scope, None if image_shape is None else tuple(int(n) for n in image_shape)
         self.multiclass = multiclass
         self.solver = solver
         self.kernel = kernel
@@ -181,10 +186,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.probe_size = probe_size
         self.stop_on_zero_error = stop_on_zero_error
         self.intercept = intercept
-        self.C = C
-        self.delta = delta
-        self.path_module = path_module
-        self.embedding = embedding
+        self.C, self.delta = C, delta
+        self.path_module, self.embedding = path_module, embedding
         self.batch_size = batch_size
         self.save_dir = save_dir
         self.max_images = max_images
@@ -192,6 +195,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.zero_error_epoch: int | None = None
         self.metrics: dict[str, float] = {}
         self.analysis: SupportVectorAnalysis | None = None
+        self.result_path: Path | None = None  # the .pt of the last analysis (rank 0)
         self.history: list[dict[str, float]] = []
         self._hard: list[int] = []
         self._previous_support: list[int] = []

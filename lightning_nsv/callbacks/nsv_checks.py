@@ -29,7 +29,7 @@ from lightning_nsv.support_vectors import conflicting_duplicates, signed_labels
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
                      delta: Any, kernel: Any, max_dense_bytes: Any, path_module: Any, embedding: Any, batch_size: Any,
                      save_dir: Any, max_images: Any, seed: Any, multiclass: Any, solver: Any,
-                     scope: Any = "auto") -> None:
+                     scope: Any = "auto", image_shape: Any = None) -> None:
     """Refuse the callback's arguments of the wrong type or out of range, naming the argument and a valid value."""
     for name, value, low in (("every_n_epochs", every_n_epochs, 1), ("batch_size", batch_size, 1),
                              ("max_dense_bytes", max_dense_bytes, 1), ("probe_size", probe_size, 0),
@@ -52,6 +52,12 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
                             f"got {value!r}")
     if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
         raise TypeError(f"`save_dir` must be a path (str or os.PathLike) or None, got {save_dir!r}")
+    if image_shape is not None and (isinstance(image_shape, (str, bytes)) or not hasattr(image_shape, "__len__")
+                                    or len(image_shape) not in (2, 3)
+                                    or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n > 0
+                                               for n in image_shape)):
+        raise ValueError(f"`image_shape` must be (C, H, W) or (H, W) of positive integers, e.g. (1, 8, 8), or None; "
+                         f"got {image_shape!r}")
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")

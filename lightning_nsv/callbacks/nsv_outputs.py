@@ -2,6 +2,7 @@
 artifact, the markdown report (TensorBoard's Text tab), the HParams registration and the figures."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,9 @@ class AnalysisOutputs:
     def _save_and_report(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis,
                          y_train: Tensor, net, x_train: Tensor, epoch: int) -> FigureSink:
         """Save the artifact and send the markdown report to the loggers; returns the sink of the figures."""
-        self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
+        self.result_path = self._save(trainer, pl_module, directory, analysis, y_train, net, x_train)
+        self._say(trainer, f"NetworkSupportVectors: saved {self.result_path} and its summary "
+                           f"{self.result_path.with_suffix('.json').name} (lightning_nsv.artifacts.load_support_vectors)")
         write_layout(trainer)  # once per run
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
         sink.text("nsv/report", _markdown_report(epoch, analysis, self._report_of(analysis)), trainer.global_step)
@@ -203,7 +206,8 @@ class AnalysisOutputs:
         if not len(order):
             return
         images, labels = _gather(dataset, [int(i) for i in order])
-        if images.dim() != 4:
+        images = self._as_images(trainer, images)
+        if images is None:
             return
         if analysis.svm.alpha_.ndim > 1:  # grouped by class, the largest α first within each
             grouped = sorted(range(len(order)), key=lambda j: (int(labels[j]), -per_sample[order[j]]))
@@ -211,6 +215,26 @@ class AnalysisOutputs:
         titles = [f"y={int(c)} α={short_number(a)}" for c, a in zip(labels, per_sample[order])]
         figure = image_grid(images, titles, total=len(support), max_images=self.max_images)[0]
         sink.figure("nsv/support_vectors", figure, step)
+
+    def _as_images(self, trainer, samples: Tensor) -> Tensor | None:
+        """``(n, C, H, W)`` samples as they are, flat ones reshaped to ``image_shape`` (the callback's, else the data
+        module's); ``None``, said once, when neither tells how."""
+        if samples.dim() == 4:
+            return samples
+        datamodule = trainer.datamodule
+        shape = self.image_shape or getattr(datamodule, "image_shape", None) or getattr(datamodule, "input_shape", None)
+        shape = tuple(shape) if shape is not None and len(shape) in (2, 3) else None
+        size = samples[0].numel()
+        if shape is not None and math.prod(shape) == size:
+            return samples.reshape(len(samples), *(shape if len(shape) == 3 else (1, *shape)))
+        why = (f"image_shape={shape} holds {math.prod(shape)} values, a sample {size}" if shape is not None
+               else f"inputs of shape {tuple(samples.shape[1:])} are not images (C, H, W)")
+        message = (f"NetworkSupportVectors: no support-vector image grid: {why}; pass "
+                   "NetworkSupportVectors(image_shape=(C, H, W)) to draw flat inputs as images")
+        if message not in self._warned:
+            self._warned.add(message)
+            self._say(trainer, message)
+        return None
 
     def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
                           analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
