@@ -645,8 +645,8 @@ def test_a_single_file_write_on_a_full_disk_names_the_file_and_leaves_no_tempora
 
 
 def test_reproduce_of_a_file_without_outputs_warns(analysed, monkeypatch):
-    import lightning_nsv.support_vectors as support_vectors
+    import lightning_nsv.analysis.binary as binary  # where reproduce() finds it
 
-    monkeypatch.setattr(support_vectors, "network_support_vectors", lambda *args, **kwargs: "refitted")
+    monkeypatch.setattr(binary, "network_support_vectors", lambda *args, **kwargs: "refitted")
     with pytest.warns(UserWarning, match="holds no network outputs \\(saved before format 3\\): nothing shows"):
         assert reproduce(dataclasses.replace(analysed, outputs=None)) == "refitted"

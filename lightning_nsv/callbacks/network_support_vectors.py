@@ -24,9 +24,10 @@ from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_inf
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.path_space import InputGramCache
-from lightning_nsv.sharded import ColumnSharing
-from lightning_nsv.support_vectors import SupportVectorAnalysis, serve_kernel_columns, uses_dense_kernel
+from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
+from lightning_nsv.analysis.warm_start import serve_kernel_columns
+from lightning_nsv.kernel.gram_cache import InputGramCache
+from lightning_nsv.kernel.sharded import ColumnSharing
 
 __all__ = ["NetworkSupportVectors"]
 

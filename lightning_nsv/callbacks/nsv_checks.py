@@ -19,11 +19,12 @@ from lightning_nsv.callbacks.nsv_scope import SCOPES, network_outputs64
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.multiclass import METHODS as MULTICLASS_METHODS
-from lightning_nsv.multiclass import class_labels, pair_margins
-from lightning_nsv.path_space import forward_with_slopes
+from lightning_nsv.analysis.binary import signed_labels
+from lightning_nsv.analysis.checks import conflicting_duplicates
+from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
+from lightning_nsv.kernel.formulas import forward_with_slopes
+from lightning_nsv.solver.multiclass import class_labels, pair_margins
 from lightning_nsv.solver.options import SolverOptions, check_choice
-from lightning_nsv.support_vectors import conflicting_duplicates, signed_labels
 
 
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,

@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_nsv.compat import pl, rank_zero_warn
-from lightning_nsv.support_vectors import analysis_device
+from lightning_nsv.solver.options import analysis_device
 
 
 def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:

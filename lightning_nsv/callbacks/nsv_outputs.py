@@ -17,10 +17,10 @@ from lightning_nsv.callbacks.dashboard import (HEADLINE, hparams_metrics, log_sc
 from lightning_nsv.callbacks.nsv_data import _gather
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import pl, rank_zero_info
-from lightning_nsv.max_margin import solver_progress
-from lightning_nsv.path_space import PathNetwork
-from lightning_nsv.sharded import ColumnSharing
-from lightning_nsv.support_vectors import SupportVectorAnalysis, uses_dense_kernel
+from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
+from lightning_nsv.kernel.network import PathNetwork
+from lightning_nsv.kernel.sharded import ColumnSharing
+from lightning_nsv.solver import solver_progress
 
 
 def _seconds(elapsed: float) -> str:

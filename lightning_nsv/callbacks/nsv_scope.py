@@ -21,9 +21,10 @@ from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, ScopeS
 from lightning_nsv.kernel.graph import run
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.multiclass import multiclass_support_vectors
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes
-from lightning_nsv.support_vectors import network_support_vectors
+from lightning_nsv.analysis.binary import network_support_vectors
+from lightning_nsv.analysis.multiclass import multiclass_support_vectors
+from lightning_nsv.kernel.formulas import forward_with_slopes
+from lightning_nsv.kernel.network import PathNetwork
 
 SCOPES = ("auto", "whole", "head")
 #: Training samples the module is traced on (shapes, and the check that the graph reproduces the module).
