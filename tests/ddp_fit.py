@@ -12,15 +12,19 @@ from lightning_nsv.models import ConvFCNet, LeakyReLUMLP
 SERVED = []
 
 
-def counted_serve(*args, **kwargs):
-    SERVED.append(callback_module.serve_kernel_columns_uncounted(*args, **kwargs))
-    return SERVED[-1]
+def counted(serve):
+    def counted_serve(*args, **kwargs):
+        SERVED.append(serve(*args, **kwargs))
+        return SERVED[-1]
+
+    return counted_serve
 
 
 if __name__ == "__main__":
-    out, kind = sys.argv[1], (sys.argv[2:] or ["mlp"])[0]  # "cnn": the whole network, analysed by rank 0 alone
-    callback_module.serve_kernel_columns_uncounted = callback_module.serve_kernel_columns
-    callback_module.serve_kernel_columns = counted_serve  # rank 1: the column blocks it computed for rank 0
+    out, kind = sys.argv[1], (sys.argv[2:] or ["mlp"])[0]  # "cnn": the whole network
+    # rank 1: the column blocks it computed for rank 0 (the head's, or the whole network's pair-network columns)
+    callback_module.serve_kernel_columns = counted(callback_module.serve_kernel_columns)
+    callback_module.serve_whole_network_columns = counted(callback_module.serve_whole_network_columns)
     pl.seed_everything(0)
     callback = NetworkSupportVectors(save_dir=f"{out}/nsv")
     trainer = pl.Trainer(max_epochs=60, accelerator="cpu", devices=2, strategy="ddp", callbacks=[callback],

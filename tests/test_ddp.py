@@ -12,8 +12,8 @@ from lightning_nsv.artifacts import load_support_vectors, reproduce
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
-    """An MLP: the head's code path, rank 1 computing its shard of the kernel columns; a CNN: the whole network,
-    whose columns rank 0 forms alone."""
+    """An MLP: the head's code path; a CNN: the whole network. Either way rank 1 computes its shard of the rows of
+    the kernel columns rank 0's solver asks for."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     script = Path(__file__).with_name("ddp_fit.py")
     done = subprocess.run([sys.executable, str(script), str(tmp_path), kind], cwd=tmp_path, env=env,
@@ -25,11 +25,9 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
     assert rank0["stopped_after"] == rank1["stopped_after"] == rank0["zero_error_epoch"] + 1
     assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
     assert rank0["analysed_here"] and not rank1["analysed_here"]
-    if kind == "mlp":
-        assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1's columns
-    else:
-        assert rank0["served"] == rank1["served"] == [] and rank0["metrics"]["scope_gates"] == 4 * (64 + 16 + 16 + 4
-                                                                                                   + 4) + 16
+    assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1's column blocks
+    if kind == "cnn":
+        assert rank0["metrics"]["scope_gates"] == 4 * (64 + 16 + 16 + 4 + 4) + 16
     assert rank0["val_loss"] == rank1["val_loss"]  # an epoch aggregate synchronised across ranks
     results = list((tmp_path / "nsv").glob("*.pt"))
     assert len(results) == 1

@@ -106,3 +106,26 @@ def test_the_mnist_fit_command_trains_on_mnist_files(tmp_path, monkeypatch):
     config = (tmp_path / "out" / "tensorboard" / "version_0" / "config.yaml").read_text()
     assert "class_path: lightning_nsv.datamodules.BinaryMNISTDataModule" in config and "in_features: 784" in config
     assert list((tmp_path / "out" / "tensorboard" / "version_0" / "checkpoints").glob("*.ckpt"))
+
+
+def test_the_own_model_snippet_runs_and_the_report_is_printed_once(tmp_path, monkeypatch, capsys, caplog):
+    """The README's snippet for a user's own module, run as written on a small module and the digits (its import
+    line takes the Lightning package this process uses): the callback's report reaches the output once."""
+    import logging
+
+    from lightning_nsv.compat import pl
+    from lightning_nsv.datamodules import DigitsDataModule
+    from tests.test_nsv_callback import UserClassifier
+
+    section = re.search(r"## On your own model\n(.*?)\n## ", (ROOT / "README.md").read_text(), flags=re.S).group(1)
+    snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    assert "trainer.fit(my_module, datamodule=my_data)" in snippet
+    code = "\n".join(line for line in snippet.splitlines() if not line.startswith("import lightning"))
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    pl.seed_everything(0)
+    namespace = {"pl": pl, "my_module": UserClassifier(), "my_data": DigitsDataModule(m=300, seed=0, batch_size=50)}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["nsv"].analysis is not None
+    printed = capsys.readouterr().out + "\n".join(record.getMessage() for record in caplog.records)
+    assert printed.count("network support vectors: ") == 1, printed[-3000:]

@@ -26,6 +26,7 @@ from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
 from lightning_nsv.analysis.warm_start import serve_kernel_columns
+from lightning_nsv.analysis.whole_network import serve_whole_network_columns
 from lightning_nsv.kernel.gram_cache import InputGramCache
 from lightning_nsv.kernel.sharded import ColumnSharing
 
@@ -63,8 +64,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
     A non-finite output (a diverged network, NaN/inf in the data) counts as a training error and is named in a
     warning (the parameter or the first sample index); no analysis runs and no file is written for it. Under
     DDP each rank checks its share of the training set, the decision is reduced across ranks, rank 0 runs the
-    analysis and broadcasts the numbers, and every rank logs them; with kernel columns (binary head) every rank
-    computes its shard of the rows of each column block the solver asks for (:mod:`lightning_nsv.sharded`).
+    analysis and broadcasts the numbers, and every rank logs them; with kernel columns (the whole network, or a
+    binary head) every rank computes its shard of the rows of each column block the solver asks for.
 
     Cost: by default only the ``m×s'`` float64 kernel columns of the ``s'`` samples that enter the solver's free
     set; ``kernel="dense"`` (and the intercept protocol) the whole ``m×m`` kernel, ``8·m²`` bytes (m = 20,000:
@@ -397,7 +398,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             with ColumnSharing() if share else contextlib.nullcontext() as sharing:
                 metrics = self._analyse(trainer, pl_module, dataset, net, directory, sharing)
         elif share:  # the other ranks compute their shard of every kernel column block rank 0 asks for
-            serve_kernel_columns(net, self._embed_all(dataset, pl_module)[0])
+            x_train = self._embed_all(dataset, pl_module)[0]
+            serve_whole_network_columns(net.module, x_train) if self._whole else serve_kernel_columns(net, x_train)
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = self._current_epoch(trainer)
@@ -418,10 +420,12 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
     def _shares_columns(self, trainer: pl.Trainer, net) -> bool:
-        """Under DDP the ranks compute the kernel columns of the binary columns path together (the head's; the whole
-        network's columns are rank 0's: sharded pair-network columns would start here)."""
-        return (not self._whole and trainer.world_size > 1 and torch.distributed.is_available()
-                and torch.distributed.is_initialized() and net.num_outputs == 1 and not uses_dense_kernel(self.kernel, self.intercept))
+        """Under DDP the ranks compute the kernel columns together: the whole network's pair-network columns, and the
+        head's on its binary columns path."""
+        distributed = (trainer.world_size > 1 and torch.distributed.is_available()
+                       and torch.distributed.is_initialized())
+        return distributed and (self._whole or (net.num_outputs == 1
+                                                and not uses_dense_kernel(self.kernel, self.intercept)))
 
     def _analyse(self, trainer, pl_module, dataset, net, directory: Path,
                  sharing: ColumnSharing | None = None) -> dict[str, float]:

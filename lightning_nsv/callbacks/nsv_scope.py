@@ -220,11 +220,12 @@ class ScopeChoice:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None):
-        if isinstance(net, TracedNetwork):  # rank 0 forms every column (sharded pair-network columns: here)
+        if isinstance(net, TracedNetwork):  # under DDP with `sharing`: the other ranks compute shards of the rows
             from lightning_nsv.analysis import whole_network_support_vectors
 
             return whole_network_support_vectors(net.module, x_train, y_train, x_val, y_val, delta=self.delta,
-                                                 initial=self._previous_support or None, solver=self.solver)
+                                                 initial=self._previous_support or None, solver=self.solver,
+                                                 sharing=sharing)
         if net.num_outputs == 1:
             return network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,
