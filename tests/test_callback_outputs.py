@@ -1,10 +1,8 @@
 """What the support-vector callback says and draws for a user's flat inputs: the saved result's path, and the image
 grid of the support vectors (reshaped by ``image_shape``) or one line saying why there is none."""
-import logging
 from pathlib import Path
 
 import pytest
-import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -43,26 +41,30 @@ def images(run) -> list[str]:
     return EventAccumulator(str(Path(run.logger.log_dir))).Reload().Tags()["images"]
 
 
-def said(caplog) -> str:
-    return "\n".join(record.getMessage() for record in caplog.records)
+@pytest.fixture
+def said(monkeypatch):
+    """What the callback says (its info lines), whatever the logging configuration a test before left."""
+    import lightning_nsv.callbacks.nsv_outputs as outputs
+
+    lines: list[str] = []
+    monkeypatch.setattr(outputs, "rank_zero_info", lambda text, *args, **kwargs: lines.append(str(text)))
+    return lines
 
 
 @pytest.mark.parametrize("where", ["callback", "datamodule"])
-def test_flat_inputs_are_drawn_with_the_image_shape(tmp_path, caplog, where):
-    caplog.set_level(logging.INFO)
+def test_flat_inputs_are_drawn_with_the_image_shape(tmp_path, said, where):
     if where == "callback":
         run, callback = fit(tmp_path, FlatDigits(), image_shape=(8, 8))
     else:
         run, callback = fit(tmp_path, FlatDigits(image_shape=(1, 8, 8)))
     assert "nsv/support_vectors" in images(run)
-    assert "no support-vector image grid" not in said(caplog)
+    assert said and not [line for line in said if "no support-vector image grid" in line]
 
 
-def test_flat_inputs_without_a_shape_say_why_there_is_no_grid_and_the_result_path_is_said(tmp_path, caplog):
-    caplog.set_level(logging.INFO)
+def test_flat_inputs_without_a_shape_say_why_there_is_no_grid_and_the_result_path_is_said(tmp_path, said):
     run, callback = fit(tmp_path, FlatDigits())
     assert "nsv/support_vectors" not in images(run)
-    text = said(caplog)
+    text = "\n".join(said)
     assert text.count("no support-vector image grid: inputs of shape (64,) are not images") == 1
     assert "image_shape=(C, H, W)" in text
     assert callback.result_path is not None and callback.result_path.is_file()
@@ -70,11 +72,10 @@ def test_flat_inputs_without_a_shape_say_why_there_is_no_grid_and_the_result_pat
     assert f"saved {callback.result_path}" in text
 
 
-def test_an_image_shape_that_does_not_fit_the_inputs_is_said(tmp_path, caplog):
-    caplog.set_level(logging.INFO)
+def test_an_image_shape_that_does_not_fit_the_inputs_is_said(tmp_path, said):
     run, _ = fit(tmp_path, FlatDigits(), image_shape=(1, 7, 7))
     assert "nsv/support_vectors" not in images(run)
-    assert "image_shape=(1, 7, 7) holds 49 values, a sample 64" in said(caplog)
+    assert "image_shape=(1, 7, 7) holds 49 values, a sample 64" in "\n".join(said)
 
 
 @pytest.mark.parametrize("bad", [(8,), (1, 8, 8, 1), "8x8", (0, 8), (8.0, 8), (True, 8)])

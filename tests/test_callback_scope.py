@@ -2,7 +2,6 @@
 with `scope="head"`/`embedding=`, refusals and the fallback for what is not piecewise linear, MLPs on the head's
 code path."""
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -178,11 +177,14 @@ def test_what_is_not_piecewise_linear_is_refused_as_a_whole(tmp_path, kind, op):
     ("gelu", {}, "it is not piecewise linear as a whole: net.0.gelu: torch._C._nn.gelu is not piecewise linear"),
     ("relu", {"intercept": True}, "`intercept=True` (the paper's SVC protocol) is an analysis of the head"),
 ])
-def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, caplog, kind, arguments, why):
+def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, monkeypatch, kind, arguments, why):
+    import lightning_nsv.callbacks.nsv_scope as nsv_scope
+
+    lines: list[str] = []  # what the callback says, whatever the logging configuration a test before left
+    monkeypatch.setattr(nsv_scope, "rank_zero_info", lambda text, *args, **kwargs: lines.append(str(text)))
     callback = NetworkSupportVectors(**arguments)
-    with caplog.at_level(logging.INFO):
-        _fit(tmp_path, CNN(kind), DigitsDataModule(m=40, batch_size=10, seed=0), callback, max_epochs=1)
-    said = [r.getMessage() for r in caplog.records if "is not analysed because" in r.getMessage()]
+    _fit(tmp_path, CNN(kind), DigitsDataModule(m=40, batch_size=10, seed=0), callback, max_epochs=1)
+    said = [line for line in lines if "is not analysed because" in line]
     assert len(said) == 1 and f"the whole of CNN is not analysed because {why}" in said[0]
     assert "Analysing its head instead (head only: 2 Linear layers of CNN.net" in said[0]
     assert callback._scope_text.startswith("head only: ") and not callback._whole
