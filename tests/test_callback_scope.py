@@ -81,7 +81,8 @@ def _fit(tmp_path, model, data, callback, max_epochs=60, val=None):
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback], accelerator="cpu", enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                         logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"), log_every_n_steps=1)
+                         logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb", default_hp_metric=False),
+                         log_every_n_steps=1)
     if isinstance(data, pl.LightningDataModule):
         trainer.fit(model, datamodule=data)
     else:

@@ -48,7 +48,7 @@ def trainer(tmp_path, callback, max_epochs=60, logger=True, **kwargs):
     return pl.Trainer(
         max_epochs=max_epochs,
         callbacks=[callback],
-        logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb") if logger else False,
+        logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb", default_hp_metric=False) if logger else False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=kwargs.pop("enable_checkpointing", False),
