@@ -73,6 +73,8 @@ def test_nan_in_the_first_batch_is_named(tmp_path):
     assert _no_results(tmp_path)
 
 
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. parameter .* holds NaN:UserWarning")
 def test_nan_deep_in_the_training_set_is_named_and_counts_as_an_error(tmp_path):
     x, y = _data()
     x[45, 0, 0, 0] = float("inf")
@@ -102,6 +104,7 @@ def test_a_diverged_network_is_not_reported_at_zero_error(tmp_path):
     assert callback.zero_error_epoch is None and callback.metrics == {} and _no_results(tmp_path)
 
 
+@pytest.mark.filterwarnings("ignore:Total length of `(DataLoader|CombinedLoader)` across ranks is zero")
 def test_an_empty_training_set_is_refused(tmp_path):
     x, y = torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long)
     callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"))
@@ -124,6 +127,7 @@ class _FakeTrainer:
         self.datamodule, self.train_dataloader = None, DataLoader(dataset)
 
 
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
 def test_part_of_the_training_set_is_said(tmp_path):
     x, y = _data()
     with pytest.warns(UserWarning, match=r"`limit_train_batches=0.25` trains on part of the training set, but zero "
@@ -232,6 +236,7 @@ def test_a_csv_logger_gets_figures_as_files(tmp_path):
     assert "nsv/n_support" in (run / "metrics.csv").read_text()
 
 
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
 def test_an_integer_batch_limit_below_the_loader_length_is_said(tmp_path):
     x, y = _data()
     with pytest.warns(UserWarning, match=r"`limit_train_batches=2` trains on part of the training set"):

@@ -178,6 +178,7 @@ def test_what_is_not_piecewise_linear_is_refused_as_a_whole(tmp_path, kind, op):
     ("gelu", {}, "it is not piecewise linear as a whole: net.0.gelu: torch._C._nn.gelu is not piecewise linear"),
     ("relu", {"intercept": True}, "`intercept=True` (the paper's SVC protocol) is an analysis of the head"),
 ])
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
 def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, monkeypatch, kind, arguments, why):
     import lightning_nsv.callbacks.nsv_scope as nsv_scope
 

@@ -61,6 +61,7 @@ def test_layout_charts_name_logged_tags(singular):
                                                                                           "psi/num_samples"]
 
 
+@pytest.mark.filterwarnings("ignore:LossValleyMonitor.:UserWarning")
 def test_scalars_are_logged_once_per_analysis_against_the_epoch(singular):
     trainer, events = singular
     assert [e.step for e in events.Scalars("psi/rank")] == [0, 1]

@@ -37,6 +37,7 @@ def _fit_mlp(tmp_path, max_epochs, ckpt_path=None, validate=False):
     return model, trainer
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 @pytest.mark.parametrize("saved", ["after_fit", "at_validation_end"])
 def test_resumed_run_sees_the_batches_of_an_uninterrupted_run(tmp_path, saved):
     validate = saved == "at_validation_end"  # ModelCheckpoint writes before the epoch counts as completed
@@ -105,6 +106,7 @@ def test_running_train_metrics_average_the_steps_of_one_epoch(tmp_path):
     assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)  # weighted by batch size
 
 
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_conv_fc_and_skip_multiclass_metrics(tmp_path):
     pl.seed_everything(0, verbose=False)
     dm = DigitsDataModule(m=100, batch_size=50, task="multiclass")
@@ -192,6 +194,7 @@ def test_leaky_relu_mlp_with_k_classes_has_k_scores_and_cross_entropy():
         LeakyReLUMLP(num_classes=0)
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric EpochMetric was called before the ``update``:UserWarning")
 def test_epoch_metric_append_equals_per_step_updates():
     """The per-step fast path (appended inputs, one torchmetrics update at compute) gives the values of
     per-step `update` calls, also after a compute in mid-epoch, and `reset` drops what was appended."""
@@ -278,6 +281,7 @@ def test_manual_optimization_gives_the_automatic_weights_bit_for_bit(tmp_path, o
         assert float(manual_trainer.callback_metrics[key]) == float(auto_trainer.callback_metrics[key])
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 def test_manual_optimization_refuses_schedulers_and_a_switch_on_resume(tmp_path):
     class WithScheduler(LeakyReLUMLP):
         def configure_optimizers(self):
@@ -297,6 +301,7 @@ def test_manual_optimization_refuses_schedulers_and_a_switch_on_resume(tmp_path)
     assert trainer.global_step == 10
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
 def test_manual_optimization_resumes_as_the_uninterrupted_run(tmp_path):
     whole, whole_trainer, _ = _fit_opt(tmp_path / "whole", True, max_epochs=2)
     _, first, _ = _fit_opt(tmp_path / "first", True, max_epochs=1)

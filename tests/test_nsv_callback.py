@@ -183,6 +183,7 @@ def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
     assert sum(checks[:-20]) < 3 * 150  # each epoch: one batch of hard samples or probe, not 1000 samples
 
 
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
 def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
     import lightning_nsv.callbacks.nsv_checks as module
 
@@ -436,6 +437,8 @@ def _resume_run(tmp_path, stop_at=None):
     return resumed
 
 
+@pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
 def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
     straight = _resume_run(tmp_path / "straight")
     resumed = _resume_run(tmp_path / "resumed", stop_at=5)

@@ -39,6 +39,7 @@ def _tolerance(n: int, m: int, sigma_max: float) -> float:
     return sigma_max * max(n, m) * torch.finfo(torch.float64).eps
 
 
+@pytest.mark.filterwarnings("ignore:LossValleyMonitor.:UserWarning")
 def test_full_rank_case_of_the_example_certifies_no_bad_valley(example, tmp_path):
     # the default full_rank sizes (N = 150, 2x128 sigmoid, 128 skip units), 3 epochs instead of 200
     rows = example.main(["--cases", "full_rank", "--epochs", "3", "--check-every", "3", "--surface-points", "0",

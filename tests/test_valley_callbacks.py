@@ -189,6 +189,7 @@ def test_schedule_fast_dev_run_and_state():
     assert not any(k.startswith(("psi/", "valley/")) for k in trainer.callback_metrics)
 
 
+@pytest.mark.filterwarnings("ignore:LossValleyMonitor.:UserWarning")
 def test_skip_networks_example_quick(tmp_path):
     import importlib.util
     from pathlib import Path
