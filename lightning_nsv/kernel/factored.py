@@ -44,17 +44,26 @@ class Terms:
         s = t[:, :1] if t.shape[1] > 1 and t.stride(1) == 0 else t
         return cls(ctx, tuple(t.shape[1:]), [(s, None, None)])
 
-    def _product(self, s: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    def _product(self, s: Tensor, first: Tensor, second: Tensor, out: Tensor | None = None) -> Tensor:
+        """``S ⊙ A(x) ⊙ A(x')`` of one term, ``(P, C, *spatial)``; added into ``out`` (same shape) when given."""
         if not self.ctx.outer:
-            return s * first * second
+            product = s * first * second
+            return product if out is None else out.add_(product)
         s = s.expand(self.pairs, *s.shape[1:]).reshape(self.rows, self.cols, *s.shape[1:])
-        return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
+        if out is None:
+            return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
+        view = out.view(self.rows, self.cols, *self.shape)
+        view.addcmul_(s * first[:, None], second[None])
+        return out
 
     def value(self) -> Tensor:
         """The plain pair value, ``(P, C, *spatial)``."""
         out = torch.zeros(self.pairs, *self.shape, dtype=torch.float64, device=self.ctx.a.device)
         for s, first, second in self.terms:
-            out += s if first is None else self._product(s, first, second)
+            if first is None:
+                out += s
+            else:
+                self._product(s, first, second, out)
         return out
 
     def gate(self, first: Tensor, second: Tensor) -> Terms:
@@ -78,7 +87,7 @@ class Terms:
             if first is None:
                 total += s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
             elif s.shape[1] == 1:
-                total += s * self._overlap(first, second)
+                total.addcmul_(s, self._overlap(first, second))
             else:
                 total += self._product(s, first, second).sum(1, keepdim=True)
         return total
@@ -88,22 +97,32 @@ class Terms:
 
     def max_pool(self, rule: R.MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
-        candidates, valid = rule.candidates(self.ctx.a.device)
         chosen = self.ctx.gates.selections[rule.name]
         out_shape, in_spatial = tuple(chosen.shape[1:]), self.shape[1:]
         first_sel, second_sel = chosen[self.ctx.a].flatten(2), chosen[self.ctx.b].flatten(2)
         full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
         terms = []
-        for j in range(candidates.shape[1]):
-            unit = candidates[:, j]
-            pick = _picker(unit, in_spatial, out_shape[1:], bool(valid[:, j].all()))
-            hit_first = ((first_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
-            hit_second = ((second_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
+        for unit, valid, pick in _units(rule, self.ctx.a.device, in_spatial, out_shape[1:]):
+            hit_first = ((first_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
+            hit_second = ((second_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
             for s, a, b in self.terms:
-                a = hit_first if a is None else pick(a) * hit_first
-                b = hit_second if b is None else pick(b) * hit_second
+                a = hit_first if a is None else pick(a).mul_(hit_first) if pick.copies else pick(a) * hit_first
+                b = hit_second if b is None else pick(b).mul_(hit_second) if pick.copies else pick(b) * hit_second
                 terms.append((pick(full(s)), a, b))
         return Terms(self.ctx, out_shape, terms)
+
+
+def _units(rule: R.MaxPool, device, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]) -> list:
+    """``(unit, valid, picker)`` for each window unit of ``rule``'s windows (:func:`_picker`); once per rule,
+    device and shapes (kept on the rule)."""
+    cache = rule.__dict__.setdefault("_factored_units", {})
+    key = (str(device), in_spatial, out_spatial)
+    if key not in cache:
+        candidates, valid = rule.candidates(device)
+        cache[key] = [(candidates[:, j], valid[:, j], _picker(candidates[:, j], in_spatial, out_spatial,
+                                                              bool(valid[:, j].all())))
+                      for j in range(candidates.shape[1])]
+    return cache[key]
 
 
 def _picker(unit: Tensor, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...], regular: bool):
@@ -121,8 +140,18 @@ def _picker(unit: Tensor, in_spatial: tuple[int, ...], out_spatial: tuple[int, .
                 break
             slices.append(slice(start, start + step * (out_spatial[d] - 1) + 1, step))
         else:
-            return lambda t: t[(slice(None), slice(None), *slices)]
-    return lambda t: t.flatten(2).index_select(2, unit).view(*t.shape[:2], *out_spatial)
+            return _Pick(lambda t: t[(slice(None), slice(None), *slices)], copies=False)
+    return _Pick(lambda t: t.flatten(2).index_select(2, unit).view(*t.shape[:2], *out_spatial), copies=True)
+
+
+class _Pick:
+    """A picker: ``copies`` when its result is a new tensor (a gather), not a view."""
+
+    def __init__(self, fn, copies: bool) -> None:
+        self.fn, self.copies = fn, copies
+
+    def __call__(self, t: Tensor) -> Tensor:
+        return self.fn(t)
 
 
 def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:

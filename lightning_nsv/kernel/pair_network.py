@@ -6,6 +6,7 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -244,7 +245,9 @@ class PairNetworkColumns(KernelColumns):
         """``K[rows][:, cols]`` by blocks of at most ``pairs_per_block`` pairs, at least ``factored_min_side`` rows
         where the budget allows (the factored network's per-sample work then pays)."""
         out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
-        width = max(1, min(len(cols), self.pairs_per_block // self.factored_min_side))
+        # near-square tiles: the per-sample work of a tile (its rows and columns) is the smallest per pair
+        side = max(self.factored_min_side, math.isqrt(self.pairs_per_block))
+        width = max(1, min(len(cols), side, self.pairs_per_block // self.factored_min_side))
         height = max(1, self.pairs_per_block // width)
         for j0 in range(0, len(cols), width):
             right = cols[j0:j0 + width]
