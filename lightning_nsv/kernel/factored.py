@@ -167,9 +167,12 @@ def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
     return counts
 
 
-def _step(rule: R.Rule, args, kwargs, ctx) -> Any:
-    """One node of the factored run: the factored form where it pays, else the rule on plain values."""
+def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
+    """One node of the factored run: the factored form where it pays, else the rule on plain values. ``summed``:
+    every entry of the node's value is summed by its reader (:func:`_summed_by_reader`)."""
     first = args[0] if args else None
+    if summed and isinstance(rule, R.FixedMap) and isinstance(first, Terms) and _channelwise(rule, args, kwargs):
+        return _channel_summed(rule, first, args, kwargs, ctx)
     spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
     if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
         return Terms.of(ctx, first).gate(*ctx.sides(rule.name))
@@ -191,6 +194,50 @@ def _step(rule: R.Rule, args, kwargs, ctx) -> Any:
     return rule.pair(fx.node.map_aggregate(args, plain), fx.node.map_aggregate(kwargs, plain), ctx)
 
 
+def _channel_summed(rule: R.FixedMap, first: Terms, args, kwargs, ctx) -> Tensor:
+    """The fixed map of the channel sum (the terms' overlaps, not the plain value) in channel 0, zeros elsewhere:
+    what a reader that sums every entry needs, as ``Σ_c f(v)_c = f(Σ_c v_c)`` for a channel-wise ``f``."""
+    total = rule.pair((first.channel_sum(), *args[1:]), kwargs, ctx)
+    rest = total.new_zeros(len(total), first.shape[0] - 1, *total.shape[2:])
+    return torch.cat([total, rest], 1)
+
+
+def _channelwise(rule: R.FixedMap, args, kwargs) -> bool:
+    """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)`` (checked once per rule on random
+    values: a linear map that is not channel-wise fails it almost surely)."""
+    if getattr(rule, "_channelwise", None) is None:
+        shape = tuple(rule.in_shape[1:])
+        probe = torch.randn(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        probe = probe.to(args[0].ctx.a.device)
+        out = rule.call((probe, *args[1:]), kwargs)
+        ok = out.dim() == probe.dim() and out.shape[1] == shape[0] and len(shape) >= 2
+        if ok:
+            summed = rule.call((probe.sum(1, keepdim=True), *args[1:]), kwargs)
+            ok = summed.shape == out.sum(1, keepdim=True).shape and \
+                bool(torch.allclose(summed, out.sum(1, keepdim=True), rtol=1e-10, atol=1e-10))
+        rule._channelwise = ok
+    return rule._channelwise
+
+
+def _summed_by_reader(node: fx.Node, graph) -> bool:
+    """Whether the node's only reader is a flatten from dim 1 whose only reader is a Linear (whose pair rule sums
+    every entry of its input)."""
+    if len(node.users) != 1:
+        return False
+    flat = next(iter(node.users))
+    if len(flat.users) != 1 or not flat.args or flat.args[0] is not node or \
+            not isinstance(graph.rules.get(next(iter(flat.users)).name), R.Linear):
+        return False
+    if flat.op == "call_module" and flat.graph.owning_module is not None:
+        module = flat.graph.owning_module.get_submodule(flat.target)
+        return isinstance(module, torch.nn.Flatten) and (module.start_dim, module.end_dim) == (1, -1)
+    if flat.op not in ("call_method", "call_function") or flat.target not in ("flatten", torch.flatten):
+        return False
+    start = flat.args[1] if len(flat.args) > 1 else flat.kwargs.get("start_dim", 0)
+    end = flat.args[2] if len(flat.args) > 2 else flat.kwargs.get("end_dim", -1)
+    return start == 1 and end == -1
+
+
 def _shape(v) -> tuple[int, ...]:
     return v.shape if isinstance(v, Terms) else tuple(v.shape[1:])
 
@@ -206,7 +253,7 @@ def run_factored(graph, x: Tensor, ctx) -> Tensor:
             return out.value() if isinstance(out, Terms) else out
         env[node] = x if node.op == "placeholder" else graph.consts[node.target] if node.op == "get_attr" else \
             _step(graph.rules[node.name], fx.node.map_arg(node.args, look_up), fx.node.map_arg(node.kwargs, look_up),
-                  ctx)
+                  ctx, _summed_by_reader(node, graph))
         for name in dead:
             del env[name]
     raise AssertionError("an fx graph ends with its output node")
