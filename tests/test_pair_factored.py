@@ -93,3 +93,27 @@ def test_channel_sum_before_a_summing_head(case, summed, monkeypatch):
     assert len(calls) == summed
     assert relative(columns, plain.columns_tensor([4, 0, 2])) < 1e-13
     assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
+
+
+def test_blocks_keep_their_budgets(monkeypatch):
+    """Factored blocks take up to ``factored_block_scale`` times the budget, blocks of the plain network (too few
+    rows or columns) the budget itself; the kernel is the plain network's either way."""
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(1, 1, 2, (1, 1))).eval()
+    x = inputs((1, 8, 8), n=23)
+    graph = trace(net, x)
+    gates = compute_gates(graph, x)
+    budget = 8 * graph.peak_elements * 20  # 20 pairs a plain block
+    fast = PairNetworkColumns(graph, x, gates, memory_bytes=budget)
+    plain = PairNetworkColumns(graph, x, gates, memory_bytes=budget, factored=False, collapse=False)
+    sizes = []
+    original = PairNetworkColumns.pairs
+    monkeypatch.setattr(PairNetworkColumns, "pairs",
+                        lambda self, a, b, outer=False: sizes.append((len(a), len(b))) or original(self, a, b, outer))
+    for idx in (list(range(12)), [3, 1, 4]):
+        sizes.clear()
+        assert relative(fast.columns_tensor(idx), plain.columns_tensor(idx)) < 1e-13
+        fast_sizes = sizes[:len(sizes) // 2]
+        assert all(r * c <= (20 if min(r, c) < fast.factored_min_side else 20 * fast.factored_block_scale)
+                   for r, c in fast_sizes)
+        assert any(min(r, c) < fast.factored_min_side for r, c in fast_sizes)
