@@ -161,8 +161,8 @@ def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
     if not outer:
         return (first * second).sum(1)
     # one fused multiply-add per channel: a batched GEMM of tiny matrices, one per position, ran 2-5× slower (CPU)
-    counts = torch.zeros(len(first), len(second), first.shape[2], dtype=first.dtype, device=first.device)
-    for c in range(first.shape[1]):
+    counts = torch.mul(first[:, None, 0], second[None, :, 0])
+    for c in range(1, first.shape[1]):
         counts.addcmul_(first[:, None, c], second[None, :, c])
     return counts
 
