@@ -203,8 +203,13 @@ def _channel_summed(rule: R.FixedMap, first: Terms, args, kwargs, ctx) -> Tensor
 
 
 def _channelwise(rule: R.FixedMap, args, kwargs) -> bool:
-    """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)`` (checked once per rule on random
-    values: a linear map that is not channel-wise fails it almost surely)."""
+    """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)``, with one coefficient ``c_o`` for
+    all channels (checked once per rule on random values: a linear map that is not channel-wise fails it almost
+    surely)."""
+    c = getattr(rule, "c", None)
+    if not isinstance(c, (int, float)) and not (isinstance(c, Tensor) and (
+            c.numel() == 1 or (c.dim() == len(rule.out_shape) and c.shape[1] == 1))):
+        return False
     if getattr(rule, "_channelwise", None) is None:
         shape = tuple(rule.in_shape[1:])
         probe = torch.randn(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
