@@ -64,3 +64,56 @@ def test_pair_network_columns_follow_the_solver_protocol():
     assert np.allclose(columns.signed_columns(idx, signs, 2.0), expected, rtol=1e-15, atol=0)
     assert np.allclose(columns.signed_rows(idx, signs, 2.0).numpy(), expected.T, rtol=1e-15, atol=0)
     assert np.allclose(columns.signed_block(idx, signs, 2.0), expected[idx], rtol=1e-15, atol=0)
+
+
+class _ScaledChannels(torch.nn.Module):
+    """A fixed map that is not channel-wise (a constant per channel) between the last gate and the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(1, 2, 3), torch.nn.Linear(2 * 36, 1)
+        self.register_buffer("gain", torch.tensor([2.0, -3.0]).view(1, 2, 1, 1))
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.conv(x).relu() * self.gain, 1))
+
+
+@pytest.mark.parametrize("case, summed", [("tiny_resnet_3_outputs", 1), ("adaptive_avgpool_3_outputs", 1),
+                                          ("avgpool_include_pad", 1), ("scaled_channels", 0)])
+def test_channel_sum_before_a_summing_head(case, summed, monkeypatch):
+    """A channel-wise fixed map read only by flatten and a Linear takes the terms' channel sum, not their value;
+    a map that is not channel-wise takes the value. Both equal the plain pair network."""
+    torch.manual_seed(0)
+    make, shape = (lambda: _ScaledChannels(), (1, 8, 8)) if case == "scaled_channels" else CASES[case]
+    fast, plain = both(make(), inputs(shape, n=6), fast=False)
+    calls = []
+    original = F._channel_summed
+    monkeypatch.setattr(F, "_channel_summed", lambda *a: calls.append(1) or original(*a))
+    columns = fast.columns_tensor([4, 0, 2])
+    assert len(calls) == summed
+    assert relative(columns, plain.columns_tensor([4, 0, 2])) < 1e-13
+    assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
+
+
+def test_blocks_keep_their_budgets(monkeypatch):
+    """Factored blocks take up to ``factored_block_scale`` times the budget, blocks of the plain network (too few
+    rows or columns) the budget itself; the kernel is the plain network's either way."""
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(1, 1, 2, (1, 1))).eval()
+    x = inputs((1, 8, 8), n=23)
+    graph = trace(net, x)
+    gates = compute_gates(graph, x)
+    budget = 8 * graph.peak_elements * 20  # 20 pairs a plain block
+    fast = PairNetworkColumns(graph, x, gates, memory_bytes=budget)
+    plain = PairNetworkColumns(graph, x, gates, memory_bytes=budget, factored=False, collapse=False)
+    sizes = []
+    original = PairNetworkColumns.pairs
+    monkeypatch.setattr(PairNetworkColumns, "pairs",
+                        lambda self, a, b, outer=False: sizes.append((len(a), len(b))) or original(self, a, b, outer))
+    for idx in (list(range(12)), [3, 1, 4]):
+        sizes.clear()
+        assert relative(fast.columns_tensor(idx), plain.columns_tensor(idx)) < 1e-13
+        fast_sizes = sizes[:len(sizes) // 2]
+        assert all(r * c <= (20 if min(r, c) < fast.factored_min_side else 20 * fast.factored_block_scale)
+                   for r, c in fast_sizes)
+        assert any(min(r, c) < fast.factored_min_side for r, c in fast_sizes)

@@ -44,17 +44,26 @@ class Terms:
         s = t[:, :1] if t.shape[1] > 1 and t.stride(1) == 0 else t
         return cls(ctx, tuple(t.shape[1:]), [(s, None, None)])
 
-    def _product(self, s: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    def _product(self, s: Tensor, first: Tensor, second: Tensor, out: Tensor | None = None) -> Tensor:
+        """``S ⊙ A(x) ⊙ A(x')`` of one term, ``(P, C, *spatial)``; added into ``out`` (same shape) when given."""
         if not self.ctx.outer:
-            return s * first * second
+            product = s * first * second
+            return product if out is None else out.add_(product)
         s = s.expand(self.pairs, *s.shape[1:]).reshape(self.rows, self.cols, *s.shape[1:])
-        return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
+        if out is None:
+            return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
+        view = out.view(self.rows, self.cols, *self.shape)
+        view.addcmul_(s * first[:, None], second[None])
+        return out
 
     def value(self) -> Tensor:
         """The plain pair value, ``(P, C, *spatial)``."""
         out = torch.zeros(self.pairs, *self.shape, dtype=torch.float64, device=self.ctx.a.device)
         for s, first, second in self.terms:
-            out += s if first is None else self._product(s, first, second)
+            if first is None:
+                out += s
+            else:
+                self._product(s, first, second, out)
         return out
 
     def gate(self, first: Tensor, second: Tensor) -> Terms:
@@ -78,7 +87,7 @@ class Terms:
             if first is None:
                 total += s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
             elif s.shape[1] == 1:
-                total += s * self._overlap(first, second)
+                total.addcmul_(s, self._overlap(first, second))
             else:
                 total += self._product(s, first, second).sum(1, keepdim=True)
         return total
@@ -88,22 +97,32 @@ class Terms:
 
     def max_pool(self, rule: R.MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
-        candidates, valid = rule.candidates(self.ctx.a.device)
         chosen = self.ctx.gates.selections[rule.name]
         out_shape, in_spatial = tuple(chosen.shape[1:]), self.shape[1:]
         first_sel, second_sel = chosen[self.ctx.a].flatten(2), chosen[self.ctx.b].flatten(2)
         full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
         terms = []
-        for j in range(candidates.shape[1]):
-            unit = candidates[:, j]
-            pick = _picker(unit, in_spatial, out_shape[1:], bool(valid[:, j].all()))
-            hit_first = ((first_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
-            hit_second = ((second_sel == unit) & valid[:, j]).to(torch.float64).view(-1, *out_shape)
+        for unit, valid, pick in _units(rule, self.ctx.a.device, in_spatial, out_shape[1:]):
+            hit_first = ((first_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
+            hit_second = ((second_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
             for s, a, b in self.terms:
-                a = hit_first if a is None else pick(a) * hit_first
-                b = hit_second if b is None else pick(b) * hit_second
+                a = hit_first if a is None else pick(a).mul_(hit_first) if pick.copies else pick(a) * hit_first
+                b = hit_second if b is None else pick(b).mul_(hit_second) if pick.copies else pick(b) * hit_second
                 terms.append((pick(full(s)), a, b))
         return Terms(self.ctx, out_shape, terms)
+
+
+def _units(rule: R.MaxPool, device, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]) -> list:
+    """``(unit, valid, picker)`` for each window unit of ``rule``'s windows (:func:`_picker`); once per rule,
+    device and shapes (kept on the rule)."""
+    cache = rule.__dict__.setdefault("_factored_units", {})
+    key = (str(device), in_spatial, out_spatial)
+    if key not in cache:
+        candidates, valid = rule.candidates(device)
+        cache[key] = [(candidates[:, j], valid[:, j], _picker(candidates[:, j], in_spatial, out_spatial,
+                                                              bool(valid[:, j].all())))
+                      for j in range(candidates.shape[1])]
+    return cache[key]
 
 
 def _picker(unit: Tensor, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...], regular: bool):
@@ -121,8 +140,18 @@ def _picker(unit: Tensor, in_spatial: tuple[int, ...], out_spatial: tuple[int, .
                 break
             slices.append(slice(start, start + step * (out_spatial[d] - 1) + 1, step))
         else:
-            return lambda t: t[(slice(None), slice(None), *slices)]
-    return lambda t: t.flatten(2).index_select(2, unit).view(*t.shape[:2], *out_spatial)
+            return _Pick(lambda t: t[(slice(None), slice(None), *slices)], copies=False)
+    return _Pick(lambda t: t.flatten(2).index_select(2, unit).view(*t.shape[:2], *out_spatial), copies=True)
+
+
+class _Pick:
+    """A picker: ``copies`` when its result is a new tensor (a gather), not a view."""
+
+    def __init__(self, fn, copies: bool) -> None:
+        self.fn, self.copies = fn, copies
+
+    def __call__(self, t: Tensor) -> Tensor:
+        return self.fn(t)
 
 
 def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
@@ -132,15 +161,18 @@ def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
     if not outer:
         return (first * second).sum(1)
     # one fused multiply-add per channel: a batched GEMM of tiny matrices, one per position, ran 2-5× slower (CPU)
-    counts = torch.zeros(len(first), len(second), first.shape[2], dtype=first.dtype, device=first.device)
-    for c in range(first.shape[1]):
+    counts = torch.mul(first[:, None, 0], second[None, :, 0])
+    for c in range(1, first.shape[1]):
         counts.addcmul_(first[:, None, c], second[None, :, c])
     return counts
 
 
-def _step(rule: R.Rule, args, kwargs, ctx) -> Any:
-    """One node of the factored run: the factored form where it pays, else the rule on plain values."""
+def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
+    """One node of the factored run: the factored form where it pays, else the rule on plain values. ``summed``:
+    every entry of the node's value is summed by its reader (:func:`_summed_by_reader`)."""
     first = args[0] if args else None
+    if summed and isinstance(rule, R.FixedMap) and isinstance(first, Terms) and _channelwise(rule, args, kwargs):
+        return _channel_summed(rule, first, args, kwargs, ctx)
     spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
     if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
         return Terms.of(ctx, first).gate(*ctx.sides(rule.name))
@@ -162,6 +194,55 @@ def _step(rule: R.Rule, args, kwargs, ctx) -> Any:
     return rule.pair(fx.node.map_aggregate(args, plain), fx.node.map_aggregate(kwargs, plain), ctx)
 
 
+def _channel_summed(rule: R.FixedMap, first: Terms, args, kwargs, ctx) -> Tensor:
+    """The fixed map of the channel sum (the terms' overlaps, not the plain value) in channel 0, zeros elsewhere:
+    what a reader that sums every entry needs, as ``Σ_c f(v)_c = f(Σ_c v_c)`` for a channel-wise ``f``."""
+    total = rule.pair((first.channel_sum(), *args[1:]), kwargs, ctx)
+    rest = total.new_zeros(len(total), first.shape[0] - 1, *total.shape[2:])
+    return torch.cat([total, rest], 1)
+
+
+def _channelwise(rule: R.FixedMap, args, kwargs) -> bool:
+    """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)``, with one coefficient ``c_o`` for
+    all channels (checked once per rule on random values: a linear map that is not channel-wise fails it almost
+    surely)."""
+    c = getattr(rule, "c", None)
+    if not isinstance(c, (int, float)) and not (isinstance(c, Tensor) and (
+            c.numel() == 1 or (c.dim() == len(rule.out_shape) and c.shape[1] == 1))):
+        return False
+    if getattr(rule, "_channelwise", None) is None:
+        shape = tuple(rule.in_shape[1:])
+        probe = torch.randn(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        probe = probe.to(args[0].ctx.a.device)
+        out = rule.call((probe, *args[1:]), kwargs)
+        ok = out.dim() == probe.dim() and out.shape[1] == shape[0] and len(shape) >= 2
+        if ok:
+            summed = rule.call((probe.sum(1, keepdim=True), *args[1:]), kwargs)
+            ok = summed.shape == out.sum(1, keepdim=True).shape and \
+                bool(torch.allclose(summed, out.sum(1, keepdim=True), rtol=1e-10, atol=1e-10))
+        rule._channelwise = ok
+    return rule._channelwise
+
+
+def _summed_by_reader(node: fx.Node, graph) -> bool:
+    """Whether the node's only reader is a flatten from dim 1 whose only reader is a Linear (whose pair rule sums
+    every entry of its input)."""
+    if len(node.users) != 1:
+        return False
+    flat = next(iter(node.users))
+    if len(flat.users) != 1 or not flat.args or flat.args[0] is not node or \
+            not isinstance(graph.rules.get(next(iter(flat.users)).name), R.Linear):
+        return False
+    if flat.op == "call_module" and flat.graph.owning_module is not None:
+        module = flat.graph.owning_module.get_submodule(flat.target)
+        return isinstance(module, torch.nn.Flatten) and (module.start_dim, module.end_dim) == (1, -1)
+    if flat.op not in ("call_method", "call_function") or flat.target not in ("flatten", torch.flatten):
+        return False
+    start = flat.args[1] if len(flat.args) > 1 else flat.kwargs.get("start_dim", 0)
+    end = flat.args[2] if len(flat.args) > 2 else flat.kwargs.get("end_dim", -1)
+    return start == 1 and end == -1
+
+
 def _shape(v) -> tuple[int, ...]:
     return v.shape if isinstance(v, Terms) else tuple(v.shape[1:])
 
@@ -177,7 +258,7 @@ def run_factored(graph, x: Tensor, ctx) -> Tensor:
             return out.value() if isinstance(out, Terms) else out
         env[node] = x if node.op == "placeholder" else graph.consts[node.target] if node.op == "get_attr" else \
             _step(graph.rules[node.name], fx.node.map_arg(node.args, look_up), fx.node.map_arg(node.kwargs, look_up),
-                  ctx)
+                  ctx, _summed_by_reader(node, graph))
         for name in dead:
             del env[name]
     raise AssertionError("an fx graph ends with its output node")

@@ -204,7 +204,8 @@ class Conv(Rule):
     def pair(self, args, kwargs, ctx):
         v = args[0]
         g, c_out = self.groups, self.weight.shape[0]
-        v = v.reshape(v.shape[0], g, v.shape[1] // g, *v.shape[2:]).sum(2)
+        if v.shape[1] > g:  # a channel sum within each group (none to do with one channel a group)
+            v = v.reshape(v.shape[0], g, v.shape[1] // g, *v.shape[2:]).sum(2)
         v = box_sum(v, self.kernel, self.stride, self.left, self.dilation, self.out_size)
         if self.bias is not None:
             v = v + 1.0
