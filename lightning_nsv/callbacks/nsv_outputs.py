@@ -70,9 +70,12 @@ class AnalysisOutputs:
                            sharing: ColumnSharing | None, epoch: int) -> SupportVectorAnalysis:
         """The max-margin fit, said before and after, with a solver bar where the Trainer shows a progress bar."""
         m = len(y_train)
-        how = "dense path kernel" if uses_dense_kernel(self.kernel, self.intercept) else "path kernel columns of candidate support vectors"
         if not isinstance(net, PathNetwork):
             how = "path kernel columns of candidate support vectors (of the whole network, by the pair network)"
+        elif uses_dense_kernel(self.kernel, self.intercept):
+            how = "dense path kernel"
+        else:
+            how = "path kernel columns of candidate support vectors"
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
