@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
 
 __all__ = ["Terms", "channel_overlap", "run_factored"]
 
@@ -44,8 +45,9 @@ class Terms:
         s = t[:, :1] if t.shape[1] > 1 and t.stride(1) == 0 else t
         return cls(ctx, tuple(t.shape[1:]), [(s, None, None)])
 
-    def _product(self, s: Tensor, first: Tensor, second: Tensor, out: Tensor | None = None) -> Tensor:
+    def _product(self, s: Tensor, first, second, out: Tensor | None = None) -> Tensor:
         """``S ⊙ A(x) ⊙ A(x')`` of one term, ``(P, C, *spatial)``; added into ``out`` (same shape) when given."""
+        first, second = _dense(first), _dense(second)
         if not self.ctx.outer:
             product = s * first * second
             return product if out is None else out.add_(product)
@@ -66,10 +68,9 @@ class Terms:
                 self._product(s, first, second, out)
         return out
 
-    def gate(self, first: Tensor, second: Tensor) -> Terms:
-        """Every ``A_t`` times the slopes of the block's first and second samples."""
-        times = lambda a, g: g if a is None else a * g  # noqa: E731
-        return Terms(self.ctx, self.shape, [(s, times(a, first), times(b, second)) for s, a, b in self.terms])
+    def gate(self, first, second) -> Terms:
+        """Every ``A_t`` times the slopes of the block's first and second samples (float64, or :class:`Bits`)."""
+        return Terms(self.ctx, self.shape, [(s, _times(a, first), _times(b, second)) for s, a, b in self.terms])
 
     def plus_one(self) -> Terms:
         one = torch.ones((1,) * (1 + len(self.shape)), dtype=torch.float64, device=self.ctx.a.device)
@@ -92,8 +93,12 @@ class Terms:
                 total += self._product(s, first, second).sum(1, keepdim=True)
         return total
 
-    def _overlap(self, first: Tensor, second: Tensor) -> Tensor:
-        return channel_overlap(first, second, self.ctx.outer).reshape(self.pairs, 1, *first.shape[2:])
+    def _overlap(self, first, second) -> Tensor:
+        if isinstance(first, Bits) and isinstance(second, Bits):
+            counts = bit_overlap(first, second, self.ctx.outer)
+        else:
+            counts = channel_overlap(_dense(first), _dense(second), self.ctx.outer)
+        return counts.reshape(self.pairs, 1, *first.shape[2:])
 
     def max_pool(self, rule: R.MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
@@ -103,13 +108,34 @@ class Terms:
         full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
         terms = []
         for unit, valid, pick in _units(rule, self.ctx.a.device, in_spatial, out_shape[1:]):
-            hit_first = ((first_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
-            hit_second = ((second_sel == unit) & valid).to(torch.float64).view(-1, *out_shape)
+            hit_first = Bits.pack(((first_sel == unit) & valid).view(-1, *out_shape))
+            hit_second = Bits.pack(((second_sel == unit) & valid).view(-1, *out_shape))
             for s, a, b in self.terms:
-                a = hit_first if a is None else pick(a).mul_(hit_first) if pick.copies else pick(a) * hit_first
-                b = hit_second if b is None else pick(b).mul_(hit_second) if pick.copies else pick(b) * hit_second
-                terms.append((pick(full(s)), a, b))
+                terms.append((pick(full(s)), _picked(a, pick, hit_first), _picked(b, pick, hit_second)))
         return Terms(self.ctx, out_shape, terms)
+
+
+def _dense(a):
+    """A factor as float64 (``None`` stays ``None``)."""
+    return a.float() if isinstance(a, Bits) else a
+
+
+def _times(a, g):
+    """The product of two factors (``None``: all ones), kept as bits when both are."""
+    if a is None:
+        return g
+    if isinstance(a, Bits) and isinstance(g, Bits):
+        return a & g
+    return _dense(a) * _dense(g)
+
+
+def _picked(a, pick, hit: Bits):
+    """Factor ``a`` at one window unit (``pick``) times the samples' hit indicators of that unit."""
+    if a is None:
+        return hit
+    if isinstance(a, Bits):
+        return a.map_words(pick) & hit
+    return pick(a).mul_(hit.float()) if pick.copies else pick(a) * hit.float()
 
 
 def _units(rule: R.MaxPool, device, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]) -> list:
@@ -175,7 +201,7 @@ def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
         return _channel_summed(rule, first, args, kwargs, ctx)
     spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
     if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
-        return Terms.of(ctx, first).gate(*ctx.sides(rule.name))
+        return Terms.of(ctx, first).gate(*(ctx.bit_sides(rule.name) or ctx.sides(rule.name)))
     if isinstance(first, Terms):
         if isinstance(rule, R.Conv) and rule.groups == 1:
             return rule.pair((first.channel_sum(),), kwargs, ctx)

@@ -7,7 +7,7 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
@@ -46,9 +47,16 @@ class Gates:
     output: Tensor
     bits: dict[str, Tensor]
     selections: dict[str, Tensor]
+    _packed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return self.output.shape[0]
+
+    def packed(self, name: str, gamma: float) -> Bits:
+        """The slopes of a ReLU-type gate layer (``beta = 0``) as packed bits of every sample, formed once."""
+        if name not in self._packed:
+            self._packed[name] = Bits.pack(self.bits[name], scale=gamma)
+        return self._packed[name]
 
 
 def _rows_per_block(graph: PiecewiseGraph, memory_bytes: int) -> int:
@@ -115,6 +123,15 @@ class _PairContext:
             self._sides[name] = (_slopes(bits[self.a], beta, gamma), _slopes(bits[self.b], beta, gamma))
         return self._sides[name]
 
+    def bit_sides(self, name: str) -> tuple[Bits, Bits] | None:
+        """The slopes of a ReLU-type gate layer (``beta = 0``: ``gamma`` times a mask) as packed bits of the block's
+        first and second samples; ``None`` for other layers."""
+        beta, gamma = self.family[name]
+        if beta != 0.0:
+            return None
+        packed = self.gates.packed(name, gamma)
+        return packed[self.a], packed[self.b]
+
     def gate(self, name: str, v: Tensor) -> Tensor:
         """DESIGN.md §2c: a gate multiplies the pair value by ``sigma(x) sigma(x')``."""
         first, second = self.sides(name)
@@ -126,9 +143,12 @@ class _PairContext:
 
     def overlap(self, name: str) -> Tensor:
         """DESIGN.md §2c "Speed": ``C[p](x, x') = Σ_c sigma_{c,p}(x) sigma_{c,p}(x')`` per position,
-        ``(P, *spatial)``; for a block of rows × columns one GEMM over channels per position."""
-        first, second = self.sides(name)
-        return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
+        ``(P, *spatial)``; for a block of rows × columns one GEMM over channels per position (bit counts for a
+        ReLU-type layer)."""
+        bits = self.bit_sides(name)
+        first, second = bits or self.sides(name)
+        counts = bit_overlap(first, second, self.outer) if bits else channel_overlap(first, second, self.outer)
+        return counts.reshape(-1, *first.shape[2:])
 
     def pool(self, name: str, v: Tensor) -> Tensor:
         """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same

@@ -1,0 +1,62 @@
+"""Packed 0/1 factors of the pair network (lightning_nsv.kernel.bitmasks) against float64 brute force."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from lightning_nsv.kernel import bitmasks as B
+from lightning_nsv.kernel import factored as F
+from lightning_nsv.models.residual import SmallResNet
+from tests.test_pair_factored import both
+from tests.test_pair_network import inputs, randomise_bn, relative
+
+
+def brute_overlap(a: torch.Tensor, b: torch.Tensor, outer: bool) -> torch.Tensor:
+    a, b = a.reshape(*a.shape[:2], -1), b.reshape(*b.shape[:2], -1)
+    if not outer:
+        return (a * b).sum(1)
+    return (a[:, None] * b[None]).sum(2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), cols=st.integers(1, 4), channels=st.integers(1, 40),
+       spatial=st.lists(st.integers(1, 5), min_size=0, max_size=2), density=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+       scales=st.sampled_from([(1.0, 1.0), (2.0, 0.5), (1.5, 3.0)]), seed=st.integers(0, 2 ** 16))
+def test_overlap_and_unpacking_equal_float_brute_force(rows, cols, channels, spatial, density, scales, seed):
+    """Any channel count (one word, several, a partial last word), all-ones words (the int16 sign bit), scales."""
+    gen = torch.Generator().manual_seed(seed)
+    mask_a = torch.rand(rows, channels, *spatial, generator=gen) < density
+    mask_b = torch.rand(cols, channels, *spatial, generator=gen) < density
+    a, b = B.Bits.pack(mask_a, scales[0]), B.Bits.pack(mask_b, scales[1])
+    dense_a, dense_b = mask_a.double() * scales[0], mask_b.double() * scales[1]
+    assert a.shape == tuple(mask_a.shape) and len(a) == rows
+    assert torch.equal(a.float(), dense_a) and torch.equal(b.float(), dense_b)
+    assert torch.equal(B.bit_overlap(a, b, outer=True), brute_overlap(dense_a, dense_b, True))
+    aligned = B.Bits.pack(mask_b[:1].expand(rows, *mask_b.shape[1:]), scales[1])
+    assert torch.equal(B.bit_overlap(a, aligned, outer=False), brute_overlap(dense_a, aligned.float(), False))
+    both_masks = a & B.Bits.pack(mask_a.flip(0), 2.0)
+    assert torch.equal(both_masks.float(), dense_a * mask_a.flip(0).double() * 2.0)
+
+
+def test_a_full_word_counts_sixteen():
+    ones = B.Bits.pack(torch.ones(1, 16, 3, dtype=torch.bool))
+    assert int(ones.words.min()) == -1  # every bit of the int16 word, the sign bit included
+    assert B.bit_overlap(ones, ones, outer=True).tolist() == [[[16.0, 16.0, 16.0]]]
+
+
+@pytest.mark.parametrize("beta, gamma, expect_bits", [(0.0, 1.0, True), (0.0, 1.5, True), (0.1, 1.0, False)])
+def test_relu_type_gates_take_the_bit_counts_and_keep_the_kernel(beta, gamma, expect_bits, monkeypatch):
+    """ReLU-type gates (slope 0 below) and max-pool hits are counted as bits, leaky ones in float64; both give the
+    plain pair network's kernel."""
+    torch.manual_seed(0)
+    net = randomise_bn(SmallResNet(2, 1, 18, (1, 1), beta=beta, gamma=gamma)).eval()  # 18 channels: two words
+    x = inputs((2, 8, 8), n=5)
+    fast, plain = both(net, x)
+    calls = []
+    original = B.bit_overlap
+    monkeypatch.setattr(F, "bit_overlap", lambda *args: calls.append(1) or original(*args))
+    columns = fast.columns_tensor([0, 3, 4])
+    assert bool(calls) == expect_bits
+    assert relative(columns, plain.columns_tensor([0, 3, 4])) < 1e-13
+    assert relative(fast.block([1, 2]), plain.block([1, 2])) < 1e-13
