@@ -60,3 +60,23 @@ def test_relu_type_gates_take_the_bit_counts_and_keep_the_kernel(beta, gamma, ex
     assert bool(calls) == expect_bits
     assert relative(columns, plain.columns_tensor([0, 3, 4])) < 1e-13
     assert relative(fast.block([1, 2]), plain.block([1, 2])) < 1e-13
+
+
+@settings(max_examples=60, deadline=None)
+@given(dims=st.integers(1, 2), size=st.integers(1, 7), k=st.integers(1, 4), stride=st.integers(1, 3),
+       dilation=st.integers(1, 2), pad=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+def test_box_sum_is_a_ones_convolution(dims, size, k, stride, dilation, pad, seed):
+    """Window sums (the pair rule of a convolution) equal a float64 convolution with a ones kernel, with and
+    without the stride-1 route that skips the padded copy."""
+    from lightning_nsv.kernel.rules import box_sum
+
+    span = dilation * (k - 1) + 1
+    if size + 2 * pad < span:
+        return
+    v = torch.randn(2, 3, *(size,) * dims, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d}[dims]
+    ones = torch.ones(3, 1, *(k,) * dims, dtype=torch.float64)
+    reference = conv(v, ones, None, stride, pad, dilation, 3)
+    out = box_sum(v, (k,) * dims, (stride,) * dims, (pad,) * dims, (dilation,) * dims, tuple(reference.shape[2:]))
+    assert out.shape == reference.shape
+    assert torch.allclose(out, reference, rtol=1e-13, atol=1e-13)

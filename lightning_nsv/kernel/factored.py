@@ -83,14 +83,19 @@ class Terms:
         """``Σ_c`` of the value, ``(P, 1, *spatial)``: overlaps by GEMMs over channels where a term has one
         channel of ``S``."""
         channels, spatial = self.shape[0], self.shape[1:]
-        total = torch.zeros(self.pairs, 1, *spatial, dtype=torch.float64, device=self.ctx.a.device)
+        total = None
         for s, first, second in self.terms:
+            if first is not None and s.shape[1] == 1:
+                overlap = self._overlap(first, second)
+                total = torch.mul(s, overlap) if total is None else total.addcmul_(s, overlap)
+                continue
             if first is None:
-                total += s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
-            elif s.shape[1] == 1:
-                total.addcmul_(s, self._overlap(first, second))
+                part = s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
             else:
-                total += self._product(s, first, second).sum(1, keepdim=True)
+                part = self._product(s, first, second).sum(1, keepdim=True)
+            total = part.expand(self.pairs, 1, *spatial).clone() if total is None else total.add_(part)
+        if total is None:
+            return torch.zeros(self.pairs, 1, *spatial, dtype=torch.float64, device=self.ctx.a.device)
         return total
 
     def _overlap(self, first, second) -> Tensor:

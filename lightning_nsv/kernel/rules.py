@@ -131,7 +131,12 @@ def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Seque
             dilation: Sequence[int], out_size: Sequence[int]) -> Tensor:
     """Window sums of each channel of ``v`` (``(B, C, *spatial)``): zero padding ``left`` before each spatial dim (as
     much as needed after it), ``out_size`` windows per dim. Separable: per dim, a sum of ``k`` strided slices (a
-    float64 convolution with a ones kernel is several times slower on a CPU)."""
+    float64 convolution with a ones kernel is several times slower on a CPU); a dim of stride 1 adds the slices that
+    overlap the input without forming the padded copy (the same sums in the same order: ``a + 0 = a``)."""
+    if all(s == 1 for s in stride):
+        for d in range(len(kernel)):
+            v = _box_line(v, 2 + d, kernel[d], dilation[d], left[d], out_size[d])
+        return v
     pads: list[int] = []
     for d in reversed(range(len(kernel))):  # F.pad lists the last dim first
         need = (out_size[d] - 1) * stride[d] + dilation[d] * (kernel[d] - 1) + 1
@@ -147,6 +152,27 @@ def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Seque
             total = part.clone() if total is None else total.add_(part)
         v = total
     return v
+
+
+def _box_line(v: Tensor, axis: int, k: int, dilation: int, left: int, out: int) -> Tensor:
+    """Stride-1 window sums along ``axis``: ``out[i] = Σ_t v[i + t·dilation - left]`` over the entries inside ``v``."""
+    n = v.shape[axis]
+    shape = (*v.shape[:axis], out, *v.shape[axis + 1:])
+    total = None
+    for t in range(k):
+        offset = t * dilation - left
+        lo, hi = max(0, -offset), min(out, n - offset)  # outputs that read an entry of v
+        if hi <= lo:
+            continue
+        part = v.narrow(axis, lo + offset, hi - lo)
+        if total is None:
+            total = v.new_empty(shape)
+            total.narrow(axis, 0, lo).zero_()
+            total.narrow(axis, hi, out - hi).zero_()
+            total.narrow(axis, lo, hi - lo).copy_(part)
+        else:
+            total.narrow(axis, lo, hi - lo).add_(part)
+    return v.new_zeros(shape) if total is None else total
 
 
 class Linear(Rule):
