@@ -16,6 +16,7 @@ from torch import Tensor
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
+from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, symmetric_block
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
@@ -30,6 +31,9 @@ __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "outp
 # columns: SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, 16 columns, one CPU thread: 2.0 ms a pair at 128 MiB against
 # 6.0 ms at 16 MiB (the plain network: 3.0 and 2.2 ms); on a GPU pass a larger budget
 MEMORY_BYTES = 128 << 20
+# default budget of the columns PairNetworkColumns keeps (whole columns, 8·m bytes each: the whole kernel up to
+# m = 11,585)
+CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -173,11 +177,17 @@ class PairNetworkColumns(KernelColumns):
     (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
     flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
 
-    Cost per column: ``m`` pair-network evaluations, each about one forward pass with every weight 1 (a convolution
-    costs a channel sum and a single-channel box filter); about 5–12 ms a column at ``m = 1,000`` for a small CNN on
-    8×8 inputs (one CPU thread). Memory: the inputs and gates of all samples, plus one block of about
-    ``memory_bytes``. Float64, on the graph's device. With K outputs every output has the same kernel (checked
-    exactly).
+    Cost: one pair-network evaluation per entry, each about one forward pass with every weight 1 (a convolution
+    costs a channel sum and a single-channel box filter; about 0.1 ms a pair for SmallResNet on 3×32×32, one CPU
+    thread), but each unordered pair at most once while the columns fit in ``cache_bytes``: the columns asked for
+    are kept (all ``m`` rows), and a new column ``j`` reads ``K[r, j] = K[j, r]`` from the kept column ``r`` and
+    from the columns computed earlier in the same call (:mod:`lightning_nsv.kernel.column_cache`). So ``s`` columns
+    cost about ``s·m − s²/2`` pairs, not ``s·m`` (the dense kernel ``m²/2``), plus a square of ``w²/2`` pairs per
+    ``w`` new columns of a call. ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest.
+
+    Memory: the inputs and gates of all samples, one block of about ``memory_bytes``, and the kept columns (``8·m``
+    bytes each, up to ``cache_bytes``; 0 keeps none). Float64, on the graph's device. With K outputs every output
+    has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run through the pair network.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
     ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
@@ -186,13 +196,16 @@ class PairNetworkColumns(KernelColumns):
     """
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
-                 fast: bool = True, collapse: bool = True, factored: bool = True) -> None:
+                 fast: bool = True, collapse: bool = True, factored: bool = True,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
             raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                              f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
         self.graph, self.gates, self.collapse, self.factored = graph, gates, collapse, factored
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
+        self.cache = ColumnCache(len(self.x), cache_bytes, graph.device)
+        self.pairs_evaluated = 0
         self._chain = None
         if fast and graph.chain is not None:
             linears, layers = graph.chain
@@ -217,6 +230,7 @@ class PairNetworkColumns(KernelColumns):
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
         ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
+        self.pairs_evaluated += len(a) * len(b) if outer else len(a)
         # the factored network's per-sample work (len(a) + len(b) samples a block) pays only in blocks of many rows
         # and columns; aligned pairs (the diagonal) gain nothing
         if self.factored and outer and min(len(a), len(b)) >= self.factored_min_side:
@@ -258,24 +272,30 @@ class PairNetworkColumns(KernelColumns):
 
     def columns_tensor(self, idx, part: slice | None = None) -> Tensor:
         """``K[part, idx]`` (all rows by default), shape ``(rows, len(idx))`` (unsigned), float64 on the graph's
-        device."""
+        device. The pair network runs only on entries that no kept column holds (see the class); a slice of the rows
+        reads the kept columns but keeps none."""
         idx = self._index(idx)
         lo, hi, _ = (part or slice(None)).indices(len(self))
         if self._chain is not None:
             return self._columns(idx)[lo:hi]
-        return self._tiles(torch.arange(lo, hi, device=self.device), idx)
+        return cached_columns(self.cache, idx, lo, hi, self._tile_shape(hi - lo, len(idx))[1], self._tiles)
+
+    def _tile_shape(self, rows: int, cols: int) -> tuple[int, int]:
+        """The pairs and the columns of a tile of ``_tiles`` on ``rows × cols`` pairs (the columns also make a chunk
+        of new columns of ``columns_tensor``)."""
+        budget = self.pairs_per_block
+        if self.factored and min(rows, cols) >= self.factored_min_side:
+            budget *= self.factored_block_scale
+        # near-square tiles: the per-sample work of a tile (its rows and columns) is the smallest per pair
+        side = max(self.factored_min_side, math.isqrt(budget))
+        return budget, max(1, min(cols, side, budget // self.factored_min_side))
 
     def _tiles(self, rows: Tensor, cols: Tensor) -> Tensor:
         """``K[rows][:, cols]`` by blocks of at most ``pairs_per_block`` pairs (``factored_block_scale`` times as
         many for blocks of the factored network), at least ``factored_min_side`` rows where the budget allows (the
         factored network's per-sample work then pays)."""
         out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
-        budget = self.pairs_per_block
-        if self.factored and min(len(rows), len(cols)) >= self.factored_min_side:
-            budget *= self.factored_block_scale
-        # near-square tiles: the per-sample work of a tile (its rows and columns) is the smallest per pair
-        side = max(self.factored_min_side, math.isqrt(budget))
-        width = max(1, min(len(cols), side, budget // self.factored_min_side))
+        budget, width = self._tile_shape(len(rows), len(cols))
         height = max(1, budget // width)
         for j0 in range(0, len(cols), width):
             right = cols[j0:j0 + width]
@@ -314,7 +334,7 @@ class PairNetworkColumns(KernelColumns):
         if self._chain is not None:
             flat, slopes, _, _, bias = self._chain
             return path_kernel(flat[idx], [s[idx] for s in slopes], bias=bias)
-        return self._tiles(idx, idx)
+        return symmetric_block(self.cache, idx, self._tile_shape(len(idx), len(idx))[1], self._tiles)
 
     def diagonal_tensor(self) -> Tensor:
         """``K(x_i, x_i) = ||phi(x_i)||²``, shape ``(m,)``, float64 on the graph's device."""

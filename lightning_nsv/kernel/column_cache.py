@@ -1,0 +1,111 @@
+"""Whole columns of a symmetric kernel kept by its provider, and the symmetry ``K[r, j] = K[j, r]`` that spares pairs.
+
+:class:`~lightning_nsv.kernel.pair_network.PairNetworkColumns` evaluates every entry by the pair network, about one
+forward pass each; the solver of a whole network asks for nearly every column (``s ≈ m``). :func:`cached_columns`
+computes each unordered pair at most once, as far as the cache holds the earlier columns: an entry ``K[r, j]`` is read
+from the kept column ``r``, or from a column ``r`` computed earlier in the same call, and only the other rows go to the
+pair network. :func:`symmetric_block` forms ``K[idx, idx]`` from the kept columns and the upper triangle of tiles of
+the rest. Nothing here imports Lightning.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["ColumnCache", "cached_columns", "symmetric_block"]
+
+Tiles = Callable[[Tensor, Tensor], Tensor]  # (rows, cols) -> K[rows][:, cols]
+
+
+class ColumnCache:
+    """Whole columns ``K[:, j]`` (all ``m`` rows, float64) of a symmetric kernel, up to ``budget_bytes``.
+
+    Memory: ``8·m`` bytes per kept column, grown by doubling up to ``⌊budget_bytes / 8m⌋`` columns (the whole kernel,
+    ``8·m²`` bytes, at most); while it grows the old and the new store are alive at once. The first columns kept stay:
+    once full, later columns are read by symmetry from the kept ones but not kept themselves.
+    """
+
+    def __init__(self, m: int, budget_bytes: int, device: torch.device) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0 (0: no cache), got {budget_bytes}")
+        self.capacity = min(m, budget_bytes // (8 * max(1, m)))
+        self.slot = torch.full((m,), -1, dtype=torch.long, device=device)  # row of the store holding column j
+        self.store = torch.empty(0, m, dtype=torch.float64, device=device)  # kept column j in store[slot[j]]
+        self.size = 0
+
+    def __len__(self) -> int:
+        """Columns kept."""
+        return self.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.store.numel() * 8
+
+    def add(self, cols: Tensor, values: Tensor) -> None:
+        """Keep ``values`` (``(m, len(cols))``, the columns ``cols``, distinct and not yet kept) as far as room is
+        left."""
+        take = min(len(cols), self.capacity - self.size)
+        if take <= 0:
+            return
+        if self.size + take > len(self.store):
+            rows = min(self.capacity, max(self.size + take, 2 * len(self.store)))
+            grown = self.store.new_empty(rows, self.store.shape[1])
+            grown[:self.size] = self.store[:self.size]
+            self.store = grown
+        self.store[self.size:self.size + take] = values[:, :take].T
+        self.slot[cols[:take]] = torch.arange(self.size, self.size + take, device=self.slot.device)
+        self.size += take
+
+
+def cached_columns(cache: ColumnCache, idx: Tensor, lo: int, hi: int, width: int, tiles: Tiles) -> Tensor:
+    """``K[lo:hi, idx]`` from the kept columns, by symmetry, and ``tiles`` for the rest (see the module).
+
+    The new columns go ``width`` at a time: an entry ``K[r, j]`` of a new column ``j`` is ``cache column r`` at row
+    ``j`` when ``r`` is kept, else (all rows asked for) the column ``r`` of an earlier chunk at row ``j``; the
+    others come from ``tiles``. Only a request for all ``m`` rows keeps its columns: a slice of the rows (a DDP shard
+    of :mod:`lightning_nsv.kernel.pair_sharded`) reads kept columns and keeps nothing, since column ``r``'s row ``j``
+    is then outside the slice for most ``j``."""
+    m, device = len(cache.slot), idx.device
+    unique, inverse = torch.unique(idx, return_inverse=True)
+    out = torch.empty(hi - lo, len(unique), dtype=torch.float64, device=device)
+    slots = cache.slot[unique]
+    kept = torch.nonzero(slots >= 0)[:, 0]
+    out[:, kept] = cache.store[slots[kept], lo:hi].T
+    whole = lo == 0 and hi == m
+    done = torch.full((m,), -1, dtype=torch.long, device=device)  # column of `out` of a sample computed here
+    rows = torch.arange(lo, hi, device=device)
+    for chunk in torch.nonzero(slots < 0)[:, 0].split(width):
+        cols = unique[chunk]
+        row_slots, row_done = cache.slot[rows], done[rows]
+        from_cache = torch.nonzero(row_slots >= 0)[:, 0]
+        from_call = torch.nonzero((row_slots < 0) & (row_done >= 0))[:, 0]
+        rest = torch.nonzero((row_slots < 0) & (row_done < 0))[:, 0]
+        # K[r, j] = K[j, r]: row j of the kept column r, or of the column r computed in an earlier chunk
+        out[from_cache[:, None], chunk[None]] = cache.store[row_slots[from_cache][:, None], cols[None]]
+        out[from_call[:, None], chunk[None]] = out[cols[:, None], row_done[from_call][None]].T
+        out[rest[:, None], chunk[None]] = tiles(rows[rest], cols)
+        if whole:
+            done[cols] = chunk
+            cache.add(cols, out[:, chunk])
+    return out[:, inverse]
+
+
+def symmetric_block(cache: ColumnCache, idx: Tensor, width: int, tiles: Tiles) -> Tensor:
+    """``K[idx][:, idx]``: entries in a kept column (or its row) from the cache, the rest by ``tiles`` on the tiles
+    ``i <= j`` of ``width`` samples (a tile below the diagonal is the transpose of one above it)."""
+    unique, inverse = torch.unique(idx, return_inverse=True)
+    out = torch.empty(len(unique), len(unique), dtype=torch.float64, device=idx.device)
+    slots = cache.slot[unique]
+    kept = torch.nonzero(slots >= 0)[:, 0]
+    values = cache.store[slots[kept]][:, unique]  # K[kept, unique] = K[unique, kept]ᵀ
+    out[kept] = values
+    out[:, kept] = values.T
+    missing = torch.nonzero(slots < 0)[:, 0].split(width)
+    for a, first in enumerate(missing):
+        for second in missing[a:]:
+            tile = tiles(unique[first], unique[second])
+            out[first[:, None], second[None]] = tile
+            out[second[:, None], first[None]] = tile.T
+    return out[inverse][:, inverse]
