@@ -13,7 +13,8 @@ network with every weight 1 run on ``x ⊙ x'``); ``||wbar||²`` and the output 
 
 Linear/Leaky-ReLU chains keep §1's factorised kernel in the modules beside this one: ``network`` (``PathNetwork``),
 ``formulas`` (the formulas of §1, one short function each), ``inputs``, ``gram_cache``, ``columns``
-(``PathKernelColumns``), ``path_signs`` and ``sharded`` (DDP); ``factored`` and ``pair_sharded`` serve the pair network.
+(``PathKernelColumns``), ``path_signs`` and ``sharded`` (DDP); ``factored``, ``column_cache`` and ``pair_sharded``
+serve the pair network.
 """
 from lightning_nsv.kernel.graph import GateLayer, NotPiecewiseLinearError, PiecewiseGraph, PoolLayer, trace
 from lightning_nsv.kernel.pair_network import (

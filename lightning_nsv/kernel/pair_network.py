@@ -178,12 +178,13 @@ class PairNetworkColumns(KernelColumns):
     flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
 
     Cost: one pair-network evaluation per entry, each about one forward pass with every weight 1 (a convolution
-    costs a channel sum and a single-channel box filter; about 0.1 ms a pair for SmallResNet on 3×32×32, one CPU
-    thread), but each unordered pair at most once while the columns fit in ``cache_bytes``: the columns asked for
-    are kept (all ``m`` rows), and a new column ``j`` reads ``K[r, j] = K[j, r]`` from the kept column ``r`` and
-    from the columns computed earlier in the same call (:mod:`lightning_nsv.kernel.column_cache`). So ``s`` columns
-    cost about ``s·m − s²/2`` pairs, not ``s·m`` (the dense kernel ``m²/2``), plus a square of ``w²/2`` pairs per
-    ``w`` new columns of a call. ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest.
+    costs a channel sum and a single-channel box filter; about 0.12 ms a pair for SmallResNet(3, 1, 16, (1, 1)) on
+    3×32×32, one CPU thread), but each unordered pair at most once while the columns fit in ``cache_bytes``: the
+    columns asked for are kept (all ``m`` rows), and a new column ``j`` reads ``K[r, j] = K[j, r]`` from the kept
+    column ``r`` and from the columns computed earlier in the same call (:mod:`lightning_nsv.kernel.column_cache`).
+    So ``s`` columns cost about ``s·m − s²/2`` pairs, not ``s·m`` (the dense kernel ``m²/2``), plus ``w²/2`` for each
+    chunk of ``w`` new columns in a call (a tile's width; 28 for that SmallResNet: 0.57·m² pairs for the dense kernel
+    at ``m = 200``). ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest.
 
     Memory: the inputs and gates of all samples, one block of about ``memory_bytes``, and the kept columns (``8·m``
     bytes each, up to ``cache_bytes``; 0 keeps none). Float64, on the graph's device. With K outputs every output
