@@ -84,6 +84,31 @@ def test_growing_requests_like_the_solver_evaluate_each_pair_once():
     assert expected <= M * (M + 1) // 2 + math.ceil(M / 5) * 10 < M * M * 0.6
 
 
+@pytest.mark.parametrize("cache_bytes", [8 * M * M, 8 * 5 * 5, 0])
+def test_columns_after_the_block_of_their_candidates_read_the_block(cache_bytes):
+    """The solver asks for the block of its candidates, then for the columns of those it admits: their rows among
+    the candidates come from the block (kept when ``8·b²`` fits the budget; 8·5² bytes hold no column of 37 rows),
+    so ``a`` new columns among ``b`` candidates cost ``a·(m − |kept ∪ candidates|)`` pairs."""
+    columns = provider(cache_bytes=cache_bytes)
+    full = uncached(columns, range(M), range(M))
+    order = np.random.default_rng(1).permutation(M)
+    kept = set()
+    for lo in range(0, M, 5):
+        candidates = order[lo:lo + 5]
+        assert relative(columns.block(candidates), full[candidates][:, candidates]) < TOL
+        admitted = candidates[::2]
+        if lo and columns.cache.capacity:
+            admitted = np.concatenate([admitted, order[:1]])  # a kept column among them
+        columns.pairs_evaluated = 0
+        assert relative(columns.columns_tensor(admitted), full[:, admitted]) < TOL
+        new = {int(j) for j in admitted} - kept
+        if cache_bytes:
+            assert columns.pairs_evaluated == len(new) * (M - len(kept | set(candidates)))
+        else:
+            assert columns.pairs_evaluated >= len(new) * (M - len(new))
+        kept |= new if columns.cache.capacity else set()
+
+
 def test_duplicated_indices():
     columns = provider()
     full = uncached(columns, range(M), range(M))
@@ -143,6 +168,10 @@ def test_block_reads_kept_columns_and_runs_the_upper_triangle():
     columns.pairs_evaluated = 0
     assert relative(columns.block([6, 5, 5]), full[[6, 5, 5]][:, [6, 5, 5]]) < TOL
     assert columns.pairs_evaluated == 0
+    assert relative(columns.block([1, 2, 30]), full[[1, 2, 30]][:, [1, 2, 30]]) < TOL
+    columns.pairs_evaluated = 0
+    assert relative(columns.columns_tensor([2, 20, 1]), full[:, [2, 20, 1]]) < TOL  # 20 is not in the block
+    assert columns.pairs_evaluated == 3 * (M - 3)  # only the rows of the kept columns 5, 6, 30 read
 
 
 def test_no_cache_keeps_nothing_but_a_call_still_uses_its_own_columns():

@@ -184,11 +184,14 @@ class PairNetworkColumns(KernelColumns):
     column ``r`` and from the columns computed earlier in the same call (:mod:`lightning_nsv.kernel.column_cache`).
     So ``s`` columns cost about ``s·m − s²/2`` pairs, not ``s·m`` (the dense kernel ``m²/2``), plus ``w²/2`` for each
     chunk of ``w`` new columns in a call (a tile's width; 28 for that SmallResNet: 0.57·m² pairs for the dense kernel
-    at ``m = 200``). ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest.
+    at ``m = 200``). ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest; the block is kept until
+    the next one, and columns of its samples read their rows among them from it (the solver asks for the block of
+    its candidates, then for the columns of those it admits).
 
-    Memory: the inputs and gates of all samples, one block of about ``memory_bytes``, and the kept columns (``8·m``
-    bytes each, up to ``cache_bytes``; 0 keeps none). Float64, on the graph's device. With K outputs every output
-    has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run through the pair network.
+    Memory: the inputs and gates of all samples, one block of about ``memory_bytes``, the kept columns (``8·m``
+    bytes each, up to ``cache_bytes``; 0 keeps none) and the last ``block`` (``8·b²`` bytes, if within
+    ``cache_bytes``). Float64, on the graph's device. With K outputs every output has the same kernel (checked
+    exactly). ``pairs_evaluated`` counts the pairs run through the pair network.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
     ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
