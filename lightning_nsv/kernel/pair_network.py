@@ -31,8 +31,7 @@ __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "outp
 # columns: SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, 16 columns, one CPU thread: 2.0 ms a pair at 128 MiB against
 # 6.0 ms at 16 MiB (the plain network: 3.0 and 2.2 ms); on a GPU pass a larger budget
 MEMORY_BYTES = 128 << 20
-# default budget of the columns PairNetworkColumns keeps (whole columns, 8·m bytes each: the whole kernel up to
-# m = 11,585)
+# default budget of the columns PairNetworkColumns keeps (8·m bytes each: the whole kernel up to m = 11,585)
 CACHE_BYTES = 1 << 30
 
 
@@ -177,21 +176,15 @@ class PairNetworkColumns(KernelColumns):
     (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
     flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
 
-    Cost: one pair-network evaluation per entry, each about one forward pass with every weight 1 (a convolution
-    costs a channel sum and a single-channel box filter; about 0.12 ms a pair for SmallResNet(3, 1, 16, (1, 1)) on
-    3×32×32, one CPU thread), but each unordered pair at most once while the columns fit in ``cache_bytes``: the
-    columns asked for are kept (all ``m`` rows), and a new column ``j`` reads ``K[r, j] = K[j, r]`` from the kept
-    column ``r`` and from the columns computed earlier in the same call (:mod:`lightning_nsv.kernel.column_cache`).
-    So ``s`` columns cost about ``s·m − s²/2`` pairs, not ``s·m`` (the dense kernel ``m²/2``), plus ``w²/2`` for each
-    chunk of ``w`` new columns in a call (a tile's width; 28 for that SmallResNet: 0.57·m² pairs for the dense kernel
-    at ``m = 200``). ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest; the block is kept until
-    the next one, and columns of its samples read their rows among them from it (the solver asks for the block of
-    its candidates, then for the columns of those it admits).
-
-    Memory: the inputs and gates of all samples, one block of about ``memory_bytes``, the kept columns (``8·m``
-    bytes each, up to ``cache_bytes``; 0 keeps none) and the last ``block`` (``8·b²`` bytes, if within
-    ``cache_bytes``). Float64, on the graph's device. With K outputs every output has the same kernel (checked
-    exactly). ``pairs_evaluated`` counts the pairs run through the pair network.
+    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.055 ms a pair for
+    SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, one CPU thread) per unordered pair, about, while the columns fit
+    in ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j``
+    reads ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last
+    ``block``; ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs
+    ``m(m + w)/2`` pairs (``w`` a tile's width, 28 for that network). Memory: the inputs and gates of all samples,
+    one block of about ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none)
+    and the last ``block`` (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K
+    outputs every output has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
     ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
