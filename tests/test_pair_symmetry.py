@@ -233,7 +233,7 @@ def test_analysis_gives_the_same_support_with_and_without_the_cache(monkeypatch)
 
     def run(cache_bytes):
         def build(*args, **kwargs):
-            made.append(PairNetworkColumns(*args, **kwargs, cache_bytes=cache_bytes))
+            made.append(PairNetworkColumns(*args, **{**kwargs, "cache_bytes": cache_bytes}))
             return made[-1]
         monkeypatch.setattr(whole_network, "PairNetworkColumns", build)
         result = whole_network.whole_network_support_vectors(net, x, y, x[:10], y[:10])
@@ -247,3 +247,33 @@ def test_analysis_gives_the_same_support_with_and_without_the_cache(monkeypatch)
     assert relative(torch.from_numpy(cached.svm.alpha_), torch.from_numpy(plain.svm.alpha_)) < 1e-10
     assert abs(cached.cosine - plain.cosine) < 1e-10 and cached.val_agreement == plain.val_agreement
     assert cached_pairs < plain_pairs
+
+
+def test_the_cache_takes_only_memory_the_solver_can_never_need(monkeypatch):
+    """The analysis gives the columns' cache what its memory budget leaves after the allocations before the solve and
+    all m columns of the solver: a budget that holds just those keeps no column (and the analysis still runs), no
+    budget the default."""
+    from lightning_nsv.analysis.whole_network_memory import cache_budget
+    from lightning_nsv.kernel.pair_network import CACHE_BYTES
+
+    assert cache_budget(100, None, 10) == CACHE_BYTES
+    assert cache_budget(100, (100 + 800 + 64, "limit"), 10) == 64
+    assert cache_budget(100, (100 + 799, "limit"), 10) == 0
+    assert cache_budget(0, (1 << 40, "limit"), 10) == CACHE_BYTES
+    torch.manual_seed(5)
+    net = cnn(0.0).eval()
+    x = inputs((1, 8, 8), n=24, seed=6)
+    with torch.no_grad():
+        y = (net(x)[:, 0] > 0).long()
+    made = []
+
+    def build(*args, **kwargs):
+        made.append(PairNetworkColumns(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(whole_network, "PairNetworkColumns", build)
+    parts = whole_network.memory_estimate(whole_network._trace(net, x), len(x), 0)
+    whole_network.whole_network_support_vectors(net, x, y, memory_bytes=parts["total"] + 8 * len(x) ** 2 + 8 * 24 * 5)
+    assert made[0].cache.capacity == 5
+    made.clear()
+    whole_network.whole_network_support_vectors(net, x, y, memory_bytes=parts["total"] + 8 * len(x) ** 2)
+    assert made[0].cache.capacity == 0 and len(made[0].cache) == 0

@@ -35,7 +35,8 @@ from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.analysis.whole_network_checks import check_arguments, check_zero_error
-from lightning_nsv.analysis.whole_network_memory import BudgetedColumns, memory_budget, memory_estimate
+from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
+                                                         memory_estimate)
 from lightning_nsv.solver import max_margin, pair_max_margin, sample_indices
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.multiclass import MulticlassSupportVectorAnalysis, centred_gram
@@ -270,7 +271,8 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     outputs = gates.output.reshape(m, num_outputs).cpu()
     margins = check_zero_error(x_train, y, outputs, binary)
-    columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
+    columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes,
+                                 cache_bytes=cache_budget(parts["total"], budget, m))
     shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
     budgeted = BudgetedColumns(shared, parts["total"], budget)
     diag = budgeted.diagonal()

@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
-from lightning_nsv.kernel.pair_network import MEMORY_BYTES
+from lightning_nsv.kernel.pair_network import CACHE_BYTES, MEMORY_BYTES
 from lightning_nsv.solver.protocol import KernelColumns
 from lightning_nsv.analysis.checks import available_memory_bytes
 
-__all__ = ["BudgetedColumns", "memory_budget", "memory_estimate"]
+__all__ = ["BudgetedColumns", "cache_budget", "memory_budget", "memory_estimate"]
 
 MEMORY_FIX = "analyse fewer samples, or a smaller network (or only its head: network_support_vectors)"
 
@@ -64,6 +64,16 @@ def memory_budget(parts: dict[str, int], memory_bytes: int | None, device: torch
             raise ValueError(f"the whole-network analysis needs at least {need / 2**20:.1f} MiB before its solver "
                              f"starts ({detail}), above {name}; {MEMORY_FIX}")
     return min(limits) if limits else None
+
+
+def cache_budget(fixed: int, budget: tuple[int, str] | None, m: int) -> int:
+    """Bytes for the columns that :class:`PairNetworkColumns` keeps to read ``K[r, j] = K[j, r]``: what the budget
+    leaves after the allocations before the solve (``fixed``) and the solver's largest store of columns (all ``m``,
+    ``8·m²`` bytes), at most :data:`~lightning_nsv.kernel.pair_network.CACHE_BYTES`; so the cache never makes
+    :class:`BudgetedColumns` refuse a solve it would otherwise allow (it only spares pairs)."""
+    if budget is None:
+        return CACHE_BYTES
+    return max(0, min(CACHE_BYTES, budget[0] - fixed - 8 * m * m))
 
 
 class BudgetedColumns(KernelColumns):
