@@ -117,6 +117,21 @@ def _signs(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------- one size
+def _count_pairs() -> list:
+    """The analysis's :class:`PairNetworkColumns`, collected as it makes them (their ``pairs_evaluated``)."""
+    import lightning_nsv.analysis.whole_network as whole
+
+    made = []
+
+    class Counted(whole.PairNetworkColumns):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    whole.PairNetworkColumns = Counted
+    return made
+
+
 def _reset_peak() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -152,6 +167,7 @@ def one_size(args) -> dict:
     _reset_peak()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    made = _count_pairs()
     profiler = cProfile.Profile() if args.profile else None
     start = time.perf_counter()
     if profiler:
@@ -161,7 +177,8 @@ def one_size(args) -> dict:
         profiler.disable()
     record.update(analysis_s=time.perf_counter() - start, peak_rss_mib=_peak_mib(),
                   n_support=len(analysis.svm.support_), margin=float(analysis.svm.margin),
-                  margin_ratio=float(analysis.margin_ratio), cosine=float(analysis.cosine), scope=analysis.scope)
+                  margin_ratio=float(analysis.margin_ratio), cosine=float(analysis.cosine), scope=analysis.scope,
+                  pairs=sum(c.pairs_evaluated for c in made), threads=torch.get_num_threads())
     if device.type == "cuda":
         record["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     if profiler:
@@ -172,8 +189,10 @@ def one_size(args) -> dict:
         graph = trace(net, x[:8])
         gates = compute_gates(graph, x)
         start = time.perf_counter()
-        dense = PairNetworkColumns(graph, x, gates, memory_bytes=args.block_mib << 20).columns(np.arange(m))
+        provider = PairNetworkColumns(graph, x, gates, memory_bytes=args.block_mib << 20)
+        dense = provider.columns(np.arange(m))
         record["dense_kernel_s"] = time.perf_counter() - start
+        record["dense_pairs"] = provider.pairs_evaluated
         start = time.perf_counter()
         svm = max_margin(dense, (2 * y - 1).numpy().astype(np.float64), tol=1e-10)
         record["dense_solve_s"] = time.perf_counter() - start
@@ -204,19 +223,21 @@ def markdown(records: list[dict], args, command: str) -> str:
         "with Adam to zero training error (eval mode, float64); `relabelled` counts samples still wrong after "
         f"{args.train_seconds:.0f} s of training, labelled by the network's own sign.",
         "",
-        "| m | device | epochs | train s | relabelled | analysis s | peak RSS MiB | support | margin ratio | "
-        "cosine | dense kernel s | dense solve s | same support |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| m | device | epochs | train s | relabelled | analysis s | pairs (m²) | µs a pair | peak RSS MiB | support | "
+        "margin ratio | cosine | dense kernel s | dense pairs (m²) | dense solve s | same support |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['m']:,} | | | | | failed: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['m']:,} | | | | | failed: {r['error']} | | | | | | | | | | |")
             continue
         dense = [f"{r[k]:.1f}" if k in r else "—" for k in ("dense_kernel_s", "dense_solve_s")]
+        squares = lambda k: f"{r[k]:,} ({r[k] / r['m'] ** 2:.2f})" if k in r else "—"  # noqa: E731
+        per_pair = f"{1e6 * r['analysis_s'] / r['pairs']:.1f}" if r.get("pairs") else "—"
         lines.append(f"| {r['m']:,} | {r['device']} | {r['epochs']} | {r['train_s']:.0f} | {r['relabelled']} | "
-                     f"{r['analysis_s']:.1f} | {r['peak_rss_mib']:.0f} | {r['n_support']} | "
-                     f"{r['margin_ratio']:.3g} | {r['cosine']:.3g} | {dense[0]} | {dense[1]} | "
-                     f"{r.get('dense_same_support', '—')} |")
+                     f"{r['analysis_s']:.1f} | {squares('pairs')} | {per_pair} | {r['peak_rss_mib']:.0f} | "
+                     f"{r['n_support']} | {r['margin_ratio']:.3g} | {r['cosine']:.3g} | {dense[0]} | "
+                     f"{squares('dense_pairs')} | {dense[1]} | {r.get('dense_same_support', '—')} |")
     lines += ["", f"Scope: {records[0].get('scope', '')}", "", "**GPU.** " + GPU_NOTE, ""]
     for r in records:
         if "profile" in r:

@@ -86,8 +86,9 @@ class Terms:
         total = None
         for s, first, second in self.terms:
             if first is not None and s.shape[1] == 1:
-                overlap = self._overlap(first, second)
-                total = torch.mul(s, overlap) if total is None else total.addcmul_(s, overlap)
+                overlap = self._overlap(first, second)  # a new tensor: the first term's product is formed in it
+                total = overlap.mul_(s) if total is None and s.shape == overlap.shape else \
+                    torch.mul(s, overlap) if total is None else total.addcmul_(s, overlap)
                 continue
             if first is None:
                 part = s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
@@ -283,13 +284,16 @@ def run_factored(graph, x: Tensor, ctx) -> Tensor:
     :func:`lightning_nsv.kernel.graph.run`, with :func:`_step` in place of ``rule.pair``)."""
     env: dict[fx.Node, Any] = {}
     look_up = env.__getitem__
+    summed = graph.__dict__.get("_summed_by_reader")
+    if summed is None:  # a property of the graph: found once
+        summed = graph.__dict__["_summed_by_reader"] = {node: _summed_by_reader(node, graph) for node in graph.nodes}
     for node, dead in zip(graph.nodes, graph.frees):
         if node.op == "output":
             out = env[node.args[0]]
             return out.value() if isinstance(out, Terms) else out
         env[node] = x if node.op == "placeholder" else graph.consts[node.target] if node.op == "get_attr" else \
             _step(graph.rules[node.name], fx.node.map_arg(node.args, look_up), fx.node.map_arg(node.kwargs, look_up),
-                  ctx, _summed_by_reader(node, graph))
+                  ctx, summed[node])
         for name in dead:
             del env[name]
     raise AssertionError("an fx graph ends with its output node")

@@ -252,8 +252,9 @@ class PairNetworkColumns(KernelColumns):
     factored_min_side = 8
     # the factored network holds pair values of one channel (per-sample masks aside), far below the plain
     # network's peak: blocks of that many times ``pairs_per_block`` pairs. SmallResNet(3, 1, 16, (1, 1)), 3×32×32,
-    # 300 rows × 64 columns, one CPU thread: 0.14, 0.11, 0.098, 0.093 ms a pair at 1, 2, 4, 6 times 197 pairs
-    factored_block_scale = 4
+    # 300 rows × 64 columns, one CPU thread: 0.14, 0.11, 0.098, 0.093 ms a pair at 1, 2, 4, 6 times 197 pairs; with
+    # packed gates, 600 rows × 64 columns, two threads: 44.6, 36, 34, 52.6 µs at 2, 4, 8, 16 times
+    factored_block_scale = 8
 
     def columns(self, idx) -> np.ndarray:
         """``K[:, idx]`` as float64 numpy ``(m, len(idx))`` (the :class:`KernelColumns` protocol)."""
