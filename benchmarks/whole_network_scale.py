@@ -203,9 +203,11 @@ def one_size(args) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------- report
 GPU_NOTE = ("Everything after training runs on the module's device (`--device cuda`: the trace's float64 snapshot, "
-            "gates, pair-network blocks and the torch solver); the pair-network blocks are elementwise float64 work "
-            "and small per-position channel sums, so a GPU run is memory-bandwidth bound; an estimate, not measured: 20-50x the pairs per second of these "
-            "2 shared cores with `--block-mib 512` or more. No GPU was lent for this run; "
+            "gates and their packed bits, pair-network blocks, the column cache and the torch solver). A block of the "
+            "pair network is elementwise float64 work on per-pair maps and int16 bit counts, so a GPU run is bound by "
+            "memory bandwidth: an estimate, not measured, is 20-50x the pairs per second of these 2 shared cores "
+            "(about 3 TB/s against the ~10-20 GB/s these cores reach on such streams), with `--block-mib 1024` so "
+            "that blocks are large enough to fill it. No GPU was lent for this run; "
             "`python benchmarks/whole_network_scale.py --device cuda --block-mib 1024` is the command.")
 
 

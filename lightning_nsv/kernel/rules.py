@@ -132,7 +132,7 @@ def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Seque
     """Window sums of each channel of ``v`` (``(B, C, *spatial)``): zero padding ``left`` before each spatial dim (as
     much as needed after it), ``out_size`` windows per dim. Separable: per dim, a sum of ``k`` strided slices (a
     float64 convolution with a ones kernel is several times slower on a CPU); a dim of stride 1 adds the slices that
-    overlap the input without forming the padded copy (the same sums in the same order: ``a + 0 = a``)."""
+    overlap the input without forming the padded copy."""
     if all(s == 1 for s in stride):
         for d in range(len(kernel)):
             v = _box_line(v, 2 + d, kernel[d], dilation[d], left[d], out_size[d])
@@ -155,24 +155,28 @@ def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Seque
 
 
 def _box_line(v: Tensor, axis: int, k: int, dilation: int, left: int, out: int) -> Tensor:
-    """Stride-1 window sums along ``axis``: ``out[i] = Σ_t v[i + t·dilation - left]`` over the entries inside ``v``."""
+    """Stride-1 window sums along ``axis``: ``out[i] = Σ_t v[i + t·dilation - left]`` over the entries inside ``v``;
+    a slice that covers every output starts the sum (no zero fill of the borders, a strided write along the last
+    dim)."""
     n = v.shape[axis]
-    shape = (*v.shape[:axis], out, *v.shape[axis + 1:])
-    total = None
+    spans = []  # (lo, hi, offset): outputs lo..hi-1 read v at i + offset
     for t in range(k):
         offset = t * dilation - left
-        lo, hi = max(0, -offset), min(out, n - offset)  # outputs that read an entry of v
-        if hi <= lo:
-            continue
-        part = v.narrow(axis, lo + offset, hi - lo)
-        if total is None:
-            total = v.new_empty(shape)
-            total.narrow(axis, 0, lo).zero_()
-            total.narrow(axis, hi, out - hi).zero_()
-            total.narrow(axis, lo, hi - lo).copy_(part)
-        else:
-            total.narrow(axis, lo, hi - lo).add_(part)
-    return v.new_zeros(shape) if total is None else total
+        lo, hi = max(0, -offset), min(out, n - offset)
+        if hi > lo:
+            spans.append((lo, hi, offset))
+    if not spans:
+        return v.new_zeros((*v.shape[:axis], out, *v.shape[axis + 1:]))
+    spans.sort(key=lambda span: span[1] - span[0] < out)  # a full span first, if there is one
+    lo, hi, offset = spans[0]
+    if hi - lo == out:
+        total = v.narrow(axis, offset, out).clone()
+    else:
+        total = v.new_zeros((*v.shape[:axis], out, *v.shape[axis + 1:]))
+        total.narrow(axis, lo, hi - lo).copy_(v.narrow(axis, lo + offset, hi - lo))
+    for lo, hi, offset in spans[1:]:
+        total.narrow(axis, lo, hi - lo).add_(v.narrow(axis, lo + offset, hi - lo))
+    return total
 
 
 class Linear(Rule):
