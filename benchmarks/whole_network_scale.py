@@ -140,10 +140,11 @@ def _reset_peak() -> None:
         pass
 
 
-def _peak_mib() -> float:
+def _peak_mib(field: str = "VmHWM") -> float:
+    """The process's peak resident memory (``VmRSS``: the current one), MiB."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -165,6 +166,7 @@ def one_size(args) -> dict:
     net, x = net.to(device), x.to(device)
     record = {"m": m, **trained, "device": str(device)}
     _reset_peak()
+    record["rss_before_mib"] = _peak_mib("VmRSS")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     made = _count_pairs()
@@ -225,7 +227,7 @@ def markdown(records: list[dict], args, command: str) -> str:
         "with Adam to zero training error (eval mode, float64); `relabelled` counts samples still wrong after "
         f"{args.train_seconds:.0f} s of training, labelled by the network's own sign.",
         "",
-        "| m | device | epochs | train s | relabelled | analysis s | pairs (m²) | µs a pair | peak RSS MiB | support | "
+        "| m | device | epochs | train s | relabelled | analysis s | pairs (m²) | µs a pair | peak RSS MiB (before) | support | "
         "margin ratio | cosine | dense kernel s | dense pairs (m²) | dense solve s | same support |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -237,7 +239,8 @@ def markdown(records: list[dict], args, command: str) -> str:
         squares = lambda k: f"{r[k]:,} ({r[k] / r['m'] ** 2:.2f})" if k in r else "—"  # noqa: E731
         per_pair = f"{1e6 * r['analysis_s'] / r['pairs']:.1f}" if r.get("pairs") else "—"
         lines.append(f"| {r['m']:,} | {r['device']} | {r['epochs']} | {r['train_s']:.0f} | {r['relabelled']} | "
-                     f"{r['analysis_s']:.1f} | {squares('pairs')} | {per_pair} | {r['peak_rss_mib']:.0f} | "
+                     f"{r['analysis_s']:.1f} | {squares('pairs')} | {per_pair} | {r['peak_rss_mib']:.0f} "
+                     f"({r.get('rss_before_mib', float('nan')):.0f}) | "
                      f"{r['n_support']} | {r['margin_ratio']:.3g} | {r['cosine']:.3g} | {dense[0]} | "
                      f"{squares('dense_pairs')} | {dense[1]} | {r.get('dense_same_support', '—')} |")
     lines += ["", f"Scope: {records[0].get('scope', '')}", "", "**GPU.** " + GPU_NOTE, ""]

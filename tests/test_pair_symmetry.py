@@ -277,3 +277,29 @@ def test_the_cache_takes_only_memory_the_solver_can_never_need(monkeypatch):
     made.clear()
     whole_network.whole_network_support_vectors(net, x, y, memory_bytes=parts["total"] + 8 * len(x) ** 2)
     assert made[0].cache.capacity == 0 and len(made[0].cache) == 0
+
+
+def test_requests_split_evenly_so_no_tile_is_narrow(monkeypatch):
+    """A request a little wider than a tile (the solver asks for ~√m columns at a time) is cut into even chunks,
+    not a full one and a sliver: every tile stays wide enough for the factored network."""
+    from lightning_nsv.kernel import column_cache
+
+    assert [len(c) for c in column_cache.even_split(torch.arange(44), 39)] == [22, 22]
+    assert [len(c) for c in column_cache.even_split(torch.arange(10), 3)] == [3, 3, 2, 2]
+    assert column_cache.even_split(torch.arange(0), 4) == ()
+    torch.manual_seed(0)
+    net = cnn(0.0).eval()
+    x = inputs((1, 8, 8), n=40, seed=2)
+    graph = trace(net, x)
+    columns = PairNetworkColumns(graph, x, compute_gates(graph, x), cache_bytes=0,
+                                 memory_bytes=50 * 8 * graph.peak_elements)  # 50 plain pairs, tiles of 20 columns
+    _, width = columns._tile_shape(len(x), len(x))
+    assert width == 20
+    shapes = []
+    original = PairNetworkColumns.pairs
+    monkeypatch.setattr(PairNetworkColumns, "pairs",
+                        lambda self, a, b, outer=False: shapes.append((len(a), len(b))) or original(self, a, b, outer))
+    wanted = torch.arange(min(len(x), width + 2))
+    got = columns.columns_tensor(wanted)
+    assert shapes and min(min(r, c) for r, c in shapes) >= columns.factored_min_side
+    assert relative(got, columns._tiles(torch.arange(len(x)), wanted)) < 1e-13

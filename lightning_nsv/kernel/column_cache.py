@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["ColumnCache", "cached_columns", "symmetric_block"]
+__all__ = ["ColumnCache", "cached_columns", "even_split", "symmetric_block"]
 
 Tiles = Callable[[Tensor, Tensor], Tensor]  # (rows, cols) -> K[rows][:, cols]
 
@@ -79,6 +79,13 @@ class ColumnCache:
         return self.block_pos[rows]
 
 
+def even_split(t: Tensor, most: int) -> tuple[Tensor, ...]:
+    """``t`` in the fewest chunks of at most ``most`` entries, of sizes that differ by one at most: no narrow last
+    chunk (the solver asks for ~√m columns at a time; a chunk of a few columns would run the pair network's slow
+    narrow tiles)."""
+    return t.tensor_split(max(1, -(-len(t) // most))) if len(t) else ()
+
+
 def cached_columns(cache: ColumnCache, idx: Tensor, lo: int, hi: int, width: int, tiles: Tiles) -> Tensor:
     """``K[lo:hi, idx]`` from the kept columns, by symmetry, and ``tiles`` for the rest (see the module).
 
@@ -97,7 +104,7 @@ def cached_columns(cache: ColumnCache, idx: Tensor, lo: int, hi: int, width: int
     whole = lo == 0 and hi == m
     done = torch.full((m,), -1, dtype=torch.long, device=device)  # column of `out` of a sample computed here
     rows = torch.arange(lo, hi, device=device)
-    for chunk in torch.nonzero(slots < 0)[:, 0].split(width):
+    for chunk in even_split(torch.nonzero(slots < 0)[:, 0], width):
         cols = unique[chunk]
         row_slots, row_done, row_block = cache.slot[rows], done[rows], cache.block_rows(rows, cols)
         from_cache = torch.nonzero(row_slots >= 0)[:, 0]
@@ -128,7 +135,7 @@ def symmetric_block(cache: ColumnCache, idx: Tensor, width: int, tiles: Tiles) -
     values = cache.store[slots[kept]][:, unique]  # K[kept, unique] = K[unique, kept]ᵀ
     out[kept] = values
     out[:, kept] = values.T
-    missing = torch.nonzero(slots < 0)[:, 0].split(width)
+    missing = even_split(torch.nonzero(slots < 0)[:, 0], width)
     for a, first in enumerate(missing):
         for second in missing[a:]:
             tile = tiles(unique[first], unique[second])

@@ -6,6 +6,7 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from torch import Tensor
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
-from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, symmetric_block
+from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_split, symmetric_block
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
@@ -26,10 +27,8 @@ from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]
 
-# default budget of one block of pairs (all values alive at once in the plain pair network). The factored pair network
-# (lightning_nsv.kernel.factored) forms per-sample factors once per block, so it needs blocks of many rows and
-# columns: SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, 16 columns, one CPU thread: 2.0 ms a pair at 128 MiB against
-# 6.0 ms at 16 MiB (the plain network: 3.0 and 2.2 ms); on a GPU pass a larger budget
+# default budget of one block of pairs (all values alive at once in the plain pair network; the factored network's
+# per-sample factors pay in blocks of many rows and columns: factored_block_scale); on a GPU pass a larger budget
 MEMORY_BYTES = 128 << 20
 # default budget of the columns PairNetworkColumns keeps (8·m bytes each: the whole kernel up to m = 11,585)
 CACHE_BYTES = 1 << 30
@@ -176,15 +175,15 @@ class PairNetworkColumns(KernelColumns):
     (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
     flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
 
-    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.055 ms a pair for
-    SmallResNet(3, 1, 16, (1, 1)) on 3×32×32, one CPU thread) per unordered pair, about, while the columns fit
-    in ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j``
-    reads ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last
-    ``block``; ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs
-    ``m(m + w)/2`` pairs (``w`` a tile's width, 28 for that network). Memory: the inputs and gates of all samples,
-    one block of about ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none)
-    and the last ``block`` (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K
-    outputs every output has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
+    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.043 ms a pair for SmallResNet(3, 1,
+    16, (1, 1)) on 3×32×32 on one CPU thread, 0.03 on two) per unordered pair, about, while the columns fit in
+    ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j`` reads
+    ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last ``block``;
+    ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs ``m(m + w)/2`` pairs
+    (``w`` a tile's width, 39 for that network). Memory: the inputs and gates of all samples, one block of about
+    ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none) and the last ``block``
+    (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K outputs every output has the
+    same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
     ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
@@ -295,10 +294,8 @@ class PairNetworkColumns(KernelColumns):
         out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
         budget, width = self._tile_shape(len(rows), len(cols))
         height = max(1, budget // width)
-        for j0 in range(0, len(cols), width):
-            right = cols[j0:j0 + width]
-            for i0 in range(0, len(rows), height):
-                left = rows[i0:i0 + height]
+        for j0, right in _even_parts(cols, width):
+            for i0, left in _even_parts(rows, height):
                 # a block too narrow for the factored network takes the plain one, within the plain budget
                 plain = min(len(left), len(right)) < self.factored_min_side or not self.factored
                 step = max(1, self.pairs_per_block // len(right)) if plain else len(left)
@@ -342,6 +339,12 @@ class PairNetworkColumns(KernelColumns):
         parts = [self.pairs(rows, rows) for rows in torch.arange(len(self), device=self.device)
                  .split(self.pairs_per_block)]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
+
+
+def _even_parts(t: Tensor, most: int) -> list[tuple[int, Tensor]]:
+    """:func:`~lightning_nsv.kernel.column_cache.even_split` of ``t``, each part with its offset."""
+    parts = even_split(t, most)
+    return list(zip(itertools.accumulate((len(p) for p in parts[:-1]), initial=0), parts))
 
 
 def _norm(graph: PiecewiseGraph, capture: str | None = None) -> Tensor:
