@@ -6,7 +6,9 @@ max-pool selection indicators (``None``: all ones). Then
 
 - a gate multiplies every ``A_t`` by the sample's slopes (``len(a) + len(b)`` samples of work, not one per pair);
 - a groups=1 conv's channel sum is ``Σ_t S_t · C_t`` with the overlap ``C_t[p] = Σ_c A_t(x)[c,p] A_t(x')[c,p]``,
-  for a block of rows × columns one GEMM over channels per position, then a single-channel box filter;
+  for a block of rows × columns one GEMM over channels per position (the population count of ANDed words where both
+  factors are 0/1 masks: ReLU-type gates and selection indicators, :mod:`lightning_nsv.kernel.bitmasks`), then a
+  single-channel box filter;
 - a BatchNorm, bias or shift adds a term ``1``; a residual sum joins the terms of its branches;
 - a max pool splits every term over the ``k`` units of each window: ``S_t`` at unit ``r``, and ``A_t`` at ``r``
   times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``).
