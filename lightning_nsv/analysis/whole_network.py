@@ -140,20 +140,8 @@ def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates
         both = torch.cat([x_support.to(graph.device, torch.float64),
                           x_val[lo:lo + len(idx)].to(graph.device, torch.float64)])
         columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
-                                     memory_bytes=block_bytes)
-        if graph.chain is not None:
-            parts.append(columns.columns_tensor(torch.arange(s))[s:])
-            continue
-        part = torch.empty(len(idx), s, dtype=torch.float64, device=graph.device)
-        width = max(1, min(s, columns.pairs_per_block))
-        rows = max(1, columns.pairs_per_block // width)
-        for j0 in range(0, s, width):
-            cols = torch.arange(j0, min(s, j0 + width), device=graph.device)
-            for i0 in range(0, len(idx), rows):
-                left = torch.arange(s + i0, s + min(len(idx), i0 + rows), device=graph.device)
-                part[i0:i0 + len(left), j0:j0 + len(cols)] = columns.pairs(left, cols, outer=True).view(
-                    len(left), len(cols))
-        parts.append(part)
+                                     memory_bytes=block_bytes, cache_bytes=0)
+        parts.append(columns.columns_tensor(torch.arange(s, device=graph.device), part=slice(s, None)))
     return torch.cat(parts) if parts else torch.zeros(0, s, dtype=torch.float64, device=graph.device)
 
 

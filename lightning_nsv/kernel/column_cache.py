@@ -11,12 +11,13 @@ imports Lightning.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["ColumnCache", "cached_columns", "even_split", "symmetric_block"]
+__all__ = ["ColumnCache", "cached_columns", "even_parts", "even_split", "symmetric_block"]
 
 Tiles = Callable[[Tensor, Tensor], Tensor]  # (rows, cols) -> K[rows][:, cols]
 
@@ -84,6 +85,12 @@ def even_split(t: Tensor, most: int) -> tuple[Tensor, ...]:
     chunk (the solver asks for ~√m columns at a time; a chunk of a few columns would run the pair network's slow
     narrow tiles)."""
     return t.tensor_split(max(1, -(-len(t) // most))) if len(t) else ()
+
+
+def even_parts(t: Tensor, most: int) -> list[tuple[int, Tensor]]:
+    """:func:`even_split` of ``t``, each part with its offset."""
+    parts = even_split(t, most)
+    return list(zip(itertools.accumulate((len(p) for p in parts[:-1]), initial=0), parts))
 
 
 def cached_columns(cache: ColumnCache, idx: Tensor, lo: int, hi: int, width: int, tiles: Tiles) -> Tensor:

@@ -102,11 +102,7 @@ class Terms:
         return total
 
     def _overlap(self, first, second) -> Tensor:
-        if isinstance(first, Bits) and isinstance(second, Bits):
-            counts = bit_overlap(first, second, self.ctx.outer)
-        else:
-            counts = channel_overlap(_dense(first), _dense(second), self.ctx.outer)
-        return counts.reshape(self.pairs, 1, *first.shape[2:])
+        return channel_overlap(first, second, self.ctx.outer).reshape(self.pairs, 1, *first.shape[2:])
 
     def max_pool(self, rule: R.MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
@@ -188,9 +184,12 @@ class _Pick:
         return self.fn(t)
 
 
-def channel_overlap(first: Tensor, second: Tensor, outer: bool) -> Tensor:
+def channel_overlap(first, second, outer: bool) -> Tensor:
     """``Σ_c first[i, c, p] second[j, c, p]``: ``(R, Cc, Q)`` for every pair when ``outer``, else ``(P, Q)`` for
-    aligned rows (``Q`` the flattened positions)."""
+    aligned rows (``Q`` the flattened positions); bit counts when both factors are :class:`Bits`."""
+    if isinstance(first, Bits) and isinstance(second, Bits):
+        return bit_overlap(first, second, outer)
+    first, second = _dense(first), _dense(second)
     first, second = first.flatten(2), second.flatten(2)
     if not outer:
         return (first * second).sum(1)

@@ -6,7 +6,6 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -16,8 +15,8 @@ from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
-from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
-from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_split, symmetric_block
+from lightning_nsv.kernel.bitmasks import Bits
+from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_parts, symmetric_block
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
@@ -147,10 +146,8 @@ class _PairContext:
         """DESIGN.md §2c "Speed": ``C[p](x, x') = Σ_c sigma_{c,p}(x) sigma_{c,p}(x')`` per position,
         ``(P, *spatial)``; for a block of rows × columns one GEMM over channels per position (bit counts for a
         ReLU-type layer)."""
-        bits = self.bit_sides(name)
-        first, second = bits or self.sides(name)
-        counts = bit_overlap(first, second, self.outer) if bits else channel_overlap(first, second, self.outer)
-        return counts.reshape(-1, *first.shape[2:])
+        first, second = self.bit_sides(name) or self.sides(name)
+        return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
 
     def pool(self, name: str, v: Tensor) -> Tensor:
         """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same
@@ -294,8 +291,8 @@ class PairNetworkColumns(KernelColumns):
         out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
         budget, width = self._tile_shape(len(rows), len(cols))
         height = max(1, budget // width)
-        for j0, right in _even_parts(cols, width):
-            for i0, left in _even_parts(rows, height):
+        for j0, right in even_parts(cols, width):
+            for i0, left in even_parts(rows, height):
                 # a block too narrow for the factored network takes the plain one, within the plain budget
                 plain = min(len(left), len(right)) < self.factored_min_side or not self.factored
                 step = max(1, self.pairs_per_block // len(right)) if plain else len(left)
@@ -339,12 +336,6 @@ class PairNetworkColumns(KernelColumns):
         parts = [self.pairs(rows, rows) for rows in torch.arange(len(self), device=self.device)
                  .split(self.pairs_per_block)]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
-
-
-def _even_parts(t: Tensor, most: int) -> list[tuple[int, Tensor]]:
-    """:func:`~lightning_nsv.kernel.column_cache.even_split` of ``t``, each part with its offset."""
-    parts = even_split(t, most)
-    return list(zip(itertools.accumulate((len(p) for p in parts[:-1]), initial=0), parts))
 
 
 def _norm(graph: PiecewiseGraph, capture: str | None = None) -> Tensor:
