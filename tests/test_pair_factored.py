@@ -44,6 +44,36 @@ def test_small_resnet_keeps_terms_through_pools_and_sums(blocks, beta, monkeypat
     assert relative(fast.diagonal_tensor(), plain.diagonal_tensor()) < 1e-13
 
 
+class _InputFirst(torch.nn.Module):
+    """The input read before any conv: gated, max-pooled, summed with a conv branch, convolved and concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.Linear(5 * 16, 1)
+        self.mix, self.pool = torch.nn.Conv2d(2, 1, 3, padding=1), torch.nn.MaxPool2d(2)
+
+    def forward(self, x):
+        summed = self.conv(x) + torch.relu(x)
+        mixed = torch.cat([self.mix(summed), summed], 1)
+        return self.head(torch.flatten(torch.cat([self.pool(mixed), self.pool(x)], 1), 1))
+
+
+@pytest.mark.parametrize("case", ["input_first", "reshapes_functional_buffers", "conv1d_abs"])
+def test_pair_input_as_per_sample_factors(case, monkeypatch):
+    """The factored network takes the pair input ``x ⊙ x'`` as the term ``(1, x, x')``, never formed where a conv
+    reads it; a gate, a pool, a sum, a concatenation or a reshape of it equals the plain pair network."""
+    torch.manual_seed(0)
+    make, shape = (lambda: _InputFirst(), (2, 8, 8)) if case == "input_first" else CASES[case]
+    fast, plain = both(make(), inputs(shape, n=6), fast=False)
+    combined = []
+    original = F.Terms.value
+    monkeypatch.setattr(F.Terms, "value", lambda self: combined.append(self.shape) or original(self))
+    assert relative(fast.columns_tensor([4, 0, 2]), plain.columns_tensor([4, 0, 2])) < 1e-13
+    assert relative(fast.block([1, 3, 5]), plain.block([1, 3, 5])) < 1e-13
+    if case == "conv1d_abs":
+        assert not combined  # the conv reads the input's channel overlap
+
+
 def test_pair_network_columns_follow_the_solver_protocol():
     """The solver reads PairNetworkColumns as it is: numpy columns and diagonal, signed forms consistent."""
     import numpy as np

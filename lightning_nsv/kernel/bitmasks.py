@@ -61,14 +61,27 @@ class Bits:
         return values if self.scale == 1.0 else values.mul_(self.scale)
 
 
+_CONSTANTS: dict[torch.device, dict[int, Tensor]] = {}
+
+
+def _int16(device: torch.device) -> dict[int, Tensor]:
+    """The popcount's constants as int16 scalars on ``device`` (a Python int would be converted at every op)."""
+    if device not in _CONSTANTS:
+        _CONSTANTS[device] = {v: torch.tensor(v, dtype=torch.int16, device=device)
+                              for v in (1, 2, 4, 8, 0x5555, 0x3333, 0x0F0F, 0x0101)}
+    return _CONSTANTS[device]
+
+
 def _popcount_(v: Tensor) -> Tensor:
     """Set bits of each int16 word, in place (SWAR; the arithmetic shifts' sign copies fall in masked bits, and the
-    first subtraction's wrap-around is the two's-complement one)."""
-    v.sub_((v >> 1).bitwise_and_(0x5555))
-    high = (v >> 2).bitwise_and_(0x3333)
-    v.bitwise_and_(0x3333).add_(high)
-    v.add_(v >> 4).bitwise_and_(0x0F0F)
-    return v.add_(v >> 8).bitwise_and_(0x1F)
+    first subtraction's wrap-around is the two's-complement one; the last multiply adds the two byte counts into
+    the high byte, whose bit 15 stays 0)."""
+    k = _int16(v.device)
+    v.sub_((v >> k[1]).bitwise_and_(k[0x5555]))
+    high = (v >> k[2]).bitwise_and_(k[0x3333])
+    v.bitwise_and_(k[0x3333]).add_(high)
+    v.add_(v >> k[4]).bitwise_and_(k[0x0F0F])
+    return v.mul_(k[0x0101]).bitwise_right_shift_(k[8])
 
 
 def bit_overlap(first: Bits, second: Bits, outer: bool) -> Tensor:

@@ -1,8 +1,8 @@
 """The pair network with channels kept factored (DESIGN.md §2c "Speed: channels collapse", the general rule).
 
 A pair value with channels is held as a sum of terms ``S_t(x, x')[p] · A_t(x)[c, p] · A_t(x')[c, p]``: ``S_t`` a
-per-pair map with one channel (or all, before the first conv), ``A_t`` a per-*sample* product of gate slopes and
-max-pool selection indicators (``None``: all ones). Then
+per-pair map with one channel (or all; ``None``: 1), ``A_t`` a per-*sample* product of the inputs, gate slopes and
+max-pool selection indicators (``None``: all ones). The pair input ``x ⊙ x'`` is the term ``(None, x, x')``. Then
 
 - a gate multiplies every ``A_t`` by the sample's slopes (``len(a) + len(b)`` samples of work, not one per pair);
 - a groups=1 conv's channel sum is ``Σ_t S_t · C_t`` with the overlap ``C_t[p] = Σ_c A_t(x)[c,p] A_t(x')[c,p]``,
@@ -47,12 +47,15 @@ class Terms:
         s = t[:, :1] if t.shape[1] > 1 and t.stride(1) == 0 else t
         return cls(ctx, tuple(t.shape[1:]), [(s, None, None)])
 
-    def _product(self, s: Tensor, first, second, out: Tensor | None = None) -> Tensor:
+    def _product(self, s: Tensor | None, first, second, out: Tensor | None = None) -> Tensor:
         """``S ⊙ A(x) ⊙ A(x')`` of one term, ``(P, C, *spatial)``; added into ``out`` (same shape) when given."""
         first, second = _dense(first), _dense(second)
         if not self.ctx.outer:
             product = s * first * second
             return product if out is None else out.add_(product)
+        if s is None:  # the input term, only ever added into a value
+            out.view(self.rows, self.cols, *self.shape).addcmul_(first[:, None], second[None])
+            return out
         s = s.expand(self.pairs, *s.shape[1:]).reshape(self.rows, self.cols, *s.shape[1:])
         if out is None:
             return (s * first[:, None]).mul_(second[None]).reshape(self.pairs, *self.shape)
@@ -87,10 +90,13 @@ class Terms:
         channels, spatial = self.shape[0], self.shape[1:]
         total = None
         for s, first, second in self.terms:
-            if first is not None and s.shape[1] == 1:
+            if first is not None and (s is None or s.shape[1] == 1):
                 overlap = self._overlap(first, second)  # a new tensor: the first term's product is formed in it
-                total = overlap.mul_(s) if total is None and s.shape == overlap.shape else \
-                    torch.mul(s, overlap) if total is None else total.addcmul_(s, overlap)
+                if s is None:
+                    total = overlap if total is None else total.add_(overlap)
+                else:
+                    total = overlap.mul_(s) if total is None and s.shape == overlap.shape else \
+                        torch.mul(s, overlap) if total is None else total.addcmul_(s, overlap)
                 continue
             if first is None:
                 part = s.sum(1, keepdim=True) if s.shape[1] > 1 else s * channels
@@ -106,16 +112,16 @@ class Terms:
 
     def max_pool(self, rule: R.MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
-        chosen = self.ctx.gates.selections[rule.name]
-        out_shape, in_spatial = tuple(chosen.shape[1:]), self.shape[1:]
-        first_sel, second_sel = chosen[self.ctx.a].flatten(2), chosen[self.ctx.b].flatten(2)
+        gates = self.ctx.gates
+        out_shape, in_spatial = tuple(gates.selections[rule.name].shape[1:]), self.shape[1:]
         full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
         terms = []
-        for unit, valid, pick in _units(rule, self.ctx.a.device, in_spatial, out_shape[1:]):
-            hit_first = Bits.pack(((first_sel == unit) & valid).view(-1, *out_shape))
-            hit_second = Bits.pack(((second_sel == unit) & valid).view(-1, *out_shape))
+        for j, (unit, valid, pick) in enumerate(_units(rule, self.ctx.a.device, in_spatial, out_shape[1:])):
+            hits = gates.hits(rule.name, j, unit, valid)
+            hit_first, hit_second = hits[self.ctx.a], hits[self.ctx.b]
             for s, a, b in self.terms:
-                terms.append((pick(full(s)), _picked(a, pick, hit_first), _picked(b, pick, hit_second)))
+                terms.append((None if s is None else pick(full(s)), _picked(a, pick, hit_first),
+                              _picked(b, pick, hit_second)))
         return Terms(self.ctx, out_shape, terms)
 
 
@@ -281,8 +287,10 @@ def _shape(v) -> tuple[int, ...]:
 
 
 def run_factored(graph, x: Tensor, ctx) -> Tensor:
-    """The pair network of ``graph`` on pair inputs ``x`` (``(P, *input_shape)``), channels factored (the loop of
-    :func:`lightning_nsv.kernel.graph.run`, with :func:`_step` in place of ``rule.pair``)."""
+    """The pair network of ``graph`` on the samples ``x`` (``(m, *input_shape)``) for the pairs of ``ctx`` (an
+    outer block), channels factored: the loop of :func:`lightning_nsv.kernel.graph.run` with :func:`_step` in place
+    of ``rule.pair``, the pair input ``x ⊙ x'`` one term of the per-sample factors ``x[a]``, ``x[b]``."""
+    x = Terms(ctx, tuple(x.shape[1:]), [(None, x[ctx.a], x[ctx.b])])
     env: dict[fx.Node, Any] = {}
     look_up = env.__getitem__
     summed = graph.__dict__.get("_summed_by_reader")

@@ -59,6 +59,14 @@ class Gates:
             self._packed[name] = Bits.pack(self.bits[name], scale=gamma)
         return self._packed[name]
 
+    def hits(self, name: str, j: int, unit: Tensor, valid: Tensor) -> Bits:
+        """Whether max pool ``name`` selects its windows' unit ``j`` (``unit``: the unit's flat index per output,
+        ``valid``: where it is real), as packed bits of every sample, formed once."""
+        if (name, j) not in self._packed:
+            chosen = self.selections[name]
+            self._packed[name, j] = Bits.pack(((chosen.flatten(2) == unit) & valid).view(chosen.shape))
+        return self._packed[name, j]
+
 
 def _rows_per_block(graph: PiecewiseGraph, memory_bytes: int) -> int:
     return max(1, memory_bytes // (8 * max(1, graph.peak_elements)))
@@ -227,7 +235,7 @@ class PairNetworkColumns(KernelColumns):
         # the factored network's per-sample work (len(a) + len(b) samples a block) pays only in blocks of many rows
         # and columns; aligned pairs (the diagonal) gain nothing
         if self.factored and outer and min(len(a), len(b)) >= self.factored_min_side:
-            out = run_factored(self.graph, ctx.combine(self.x, torch.mul), ctx)
+            out = run_factored(self.graph, self.x, ctx)
         else:
             out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
         if out.dim() == 2:
