@@ -120,9 +120,16 @@ class Terms:
             hits = gates.hits(rule.name, j, unit, valid)
             hit_first, hit_second = hits[self.ctx.a], hits[self.ctx.b]
             for s, a, b in self.terms:
-                terms.append((None if s is None else pick(full(s)), _picked(a, pick, hit_first),
-                              _picked(b, pick, hit_second)))
+                terms.append((_picked_map(s, pick, full), _picked(a, pick, hit_first), _picked(b, pick, hit_second)))
         return Terms(self.ctx, out_shape, terms)
+
+
+def _picked_map(s: Tensor | None, pick, full) -> Tensor | None:
+    """A term's per-pair map at one window unit, contiguous (every overlap after the pool reads it; a strided view
+    would bring all of ``s`` into the cache at each read)."""
+    if s is None or len(s) == 1 or s.stride(1) == 0:
+        return None if s is None else pick(full(s))
+    return pick(full(s)) if pick.copies else pick(full(s)).contiguous()
 
 
 def _dense(a):
