@@ -39,6 +39,15 @@ def test_overlap_and_unpacking_equal_float_brute_force(rows, cols, channels, spa
     assert torch.equal(both_masks.float(), dense_a * mask_a.flip(0).double() * 2.0)
 
 
+def test_popcount_of_every_int16_word():
+    """All 65,536 words, the sign bit's included: the shifts, the wrap-around and the final multiply are exact."""
+    from lightning_nsv.kernel.bitmasks import _popcount_
+
+    words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    expected = torch.tensor([bin(w & 0xFFFF).count("1") for w in range(-32768, 32768)], dtype=torch.int16)
+    assert torch.equal(_popcount_(words.clone()), expected)
+
+
 def test_a_full_word_counts_sixteen():
     ones = B.Bits.pack(torch.ones(1, 16, 3, dtype=torch.bool))
     assert int(ones.words.min()) == -1  # every bit of the int16 word, the sign bit included
