@@ -180,15 +180,15 @@ class PairNetworkColumns(KernelColumns):
     (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
     flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
 
-    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.043 ms a pair for SmallResNet(3, 1,
-    16, (1, 1)) on 3×32×32 on one CPU thread, 0.03 on two) per unordered pair, about, while the columns fit in
-    ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j`` reads
-    ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last ``block``;
-    ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs ``m(m + w)/2`` pairs
-    (``w`` a tile's width, 39 for that network). Memory: the inputs and gates of all samples, one block of about
-    ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none) and the last ``block``
-    (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K outputs every output has the
-    same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
+    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.023–0.034 ms a pair for a trained
+    SmallResNet(3, 1, 16, (1, 1)) on 3×32×32 on two shared CPU threads) per unordered pair, about, while the columns
+    fit in ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j``
+    reads ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last ``block``;
+    ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs ``m(m + w)/2``
+    pairs (``w`` a tile's width, 39 for that network). Memory: the inputs and gates of all samples, one block of about
+    ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none) and the last
+    ``block`` (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K outputs every output
+    has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
     ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
@@ -257,7 +257,8 @@ class PairNetworkColumns(KernelColumns):
     # the factored network holds pair values of one channel (per-sample masks aside), far below the plain
     # network's peak: blocks of that many times ``pairs_per_block`` pairs. SmallResNet(3, 1, 16, (1, 1)), 3×32×32,
     # 300 rows × 64 columns, one CPU thread: 0.14, 0.11, 0.098, 0.093 ms a pair at 1, 2, 4, 6 times 197 pairs; with
-    # packed gates, 600 rows × 64 columns, two threads: 44.6, 36, 34, 52.6 µs at 2, 4, 8, 16 times
+    # packed gates, 600 rows × 64 columns, two threads: 44.6, 36, 34, 52.6 µs at 2, 4, 8, 16 times; the pair input
+    # factored (no block over glibc's 32 MiB mmap threshold), 2,000 × 44: 22.4, 15.9, 15.6 µs at 2, 4, 8
     factored_block_scale = 8
 
     def columns(self, idx) -> np.ndarray:
@@ -420,15 +421,8 @@ class ScopeSummary:
 
 
 def scope_summary(graph: PiecewiseGraph, scope: str = "whole network") -> ScopeSummary:
-    units = sum(_numel(shape) for *_, shape in graph.gates) + sum(_numel(shape) for *_, shape in graph.pools)
+    units = sum(math.prod(shape) for *_, shape in graph.gates) + sum(math.prod(shape) for *_, shape in graph.pools)
     return ScopeSummary(len(graph.maps()), len(graph.gates), len(graph.pools), units, scope)
-
-
-def _numel(shape) -> int:
-    count = 1
-    for s in shape:
-        count *= s
-    return count
 
 
 def unique_patterns(*gate_sets: Gates) -> int:
