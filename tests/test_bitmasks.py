@@ -89,3 +89,24 @@ def test_box_sum_is_a_ones_convolution(dims, size, k, stride, dilation, pad, see
     out = box_sum(v, (k,) * dims, (stride,) * dims, (pad,) * dims, (dilation,) * dims, tuple(reference.shape[2:]))
     assert out.shape == reference.shape
     assert torch.allclose(out, reference, rtol=1e-13, atol=1e-13)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), c_in=st.integers(1, 4), c_out=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
+       kh=st.integers(1, 4), kw=st.integers(1, 4), ph=st.integers(0, 2), pw=st.integers(0, 2), bias=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_conv2d_by_shifts_is_torchs_convolution(n, c_in, c_out, h, w, kh, kw, ph, pw, bias, seed):
+    """The float64 forward's stride-1 convolution (one GEMM per kernel offset on the flattened padded images) equals
+    torch's, any sizes, kernels, paddings and biases; the first and last images' borders included."""
+    from lightning_nsv.kernel.rules import conv2d_by_shifts
+
+    if h + 2 * ph < kh or w + 2 * pw < kw:
+        return
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c_in, h, w, dtype=torch.float64, generator=gen)
+    weight = torch.randn(c_out, c_in, kh, kw, dtype=torch.float64, generator=gen)
+    b = torch.randn(c_out, dtype=torch.float64, generator=gen) if bias else None
+    reference = torch.nn.functional.conv2d(x, weight, b, padding=(ph, pw))
+    out = conv2d_by_shifts(x, weight, b, (ph, pw))
+    assert out.shape == reference.shape and out.is_contiguous()
+    assert torch.allclose(out, reference, rtol=1e-13, atol=1e-13)
