@@ -127,9 +127,10 @@ class Terms:
 def _picked_map(s: Tensor | None, pick, full) -> Tensor | None:
     """A term's per-pair map at one window unit, contiguous (every overlap after the pool reads it; a strided view
     would bring all of ``s`` into the cache at each read)."""
-    if s is None or len(s) == 1 or s.stride(1) == 0:
-        return None if s is None else pick(full(s))
-    return pick(full(s)) if pick.copies else pick(full(s)).contiguous()
+    if s is None:
+        return None
+    picked = pick(full(s))
+    return picked if pick.copies or len(s) == 1 or s.stride(1) == 0 else picked.contiguous()
 
 
 def _dense(a):

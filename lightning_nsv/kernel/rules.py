@@ -190,21 +190,21 @@ def _box_line(v: Tensor, axis: int, k: int, dilation: int, left: int, out: int) 
     spans.sort(key=lambda span: span[1] - span[0] < out)  # a full span first, if there is one
     lo, hi, offset = spans[0]
     shape = (*v.shape[:axis], out, *v.shape[axis + 1:])
-    if hi - lo == out and len(spans) > 1:  # the full span and the next one summed in one pass
-        full, (lo, hi, offset) = v.narrow(axis, spans[0][2], out), spans[1]
+    rest = spans[1:]  # the spans added after the first
+    if hi - lo == out and rest:  # the full span and the next one summed in one pass
+        full, (lo, hi, offset), rest = v.narrow(axis, offset, out), rest[0], rest[1:]
         total = v.new_empty(shape)
         torch.add(full.narrow(axis, lo, hi - lo), v.narrow(axis, lo + offset, hi - lo),
                   out=total.narrow(axis, lo, hi - lo))
         for start, stop in ((0, lo), (hi, out)):  # the border entries of the full span alone
             if stop > start:
                 total.narrow(axis, start, stop - start).copy_(full.narrow(axis, start, stop - start))
-        spans = spans[1:]
     elif hi - lo == out:
         total = v.narrow(axis, offset, out).clone()
     else:
         total = v.new_zeros(shape)
         total.narrow(axis, lo, hi - lo).copy_(v.narrow(axis, lo + offset, hi - lo))
-    for lo, hi, offset in spans[1:]:
+    for lo, hi, offset in rest:
         total.narrow(axis, lo, hi - lo).add_(v.narrow(axis, lo + offset, hi - lo))
     return total
 
