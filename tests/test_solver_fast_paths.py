@@ -614,3 +614,52 @@ def test_lazy_candidates_give_the_solution_of_full_columns_with_fewer_columns(bi
     assert 0 < lazy.asked < full.asked
     dense = max_margin(path_kernel(x, slopes, bias=bias), signs)
     np.testing.assert_array_equal(result.support_, dense.support_)
+
+
+@pytest.mark.parametrize("solver, dtype, whole", [("numpy", torch.float64, True), ("torch", torch.float64, False),
+                                                 ("numpy", torch.float32, False)])
+def test_a_cold_start_admits_its_guess_whole_where_candidates_are_admitted_lazily(monkeypatch, solver, dtype, whole):
+    """The cold start's guess (the smallest network margins) is admitted as one block where the solver admits
+    candidates lazily (numpy, float64 blocks: members the descent drops at once never have full columns formed),
+    else ⌊√m⌋ at a time; the solution is the dense one either way."""
+    import math
+
+    from lightning_nsv.analysis import binary as sv
+    from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
+
+    net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=4)
+    x, y = self_labelled(net, 400, seed=5)
+    if dtype == torch.float32:
+        net = PathNetwork(tuple(w.float() for w in net.weights), None, net.betas, net.gammas)
+        x = x.float()
+        right = torch.sign(forward_with_slopes(net, x)[0]) == signed_labels(y)
+        x, y = x[right], y[right]
+    calls = []
+    original = sv.max_margin
+
+    def recording(kernel, labels, **kwargs):
+        calls.append(kwargs)
+        return original(kernel, labels, **kwargs)
+
+    monkeypatch.setattr(sv, "max_margin", recording)
+    svm = network_support_vectors(net, x, y, kernel="columns", solver=solver).svm
+    guess = calls[0]["initial"]
+    assert len(guess) == INITIAL_MARGINS * int(math.sqrt(len(y)))
+    assert calls[0]["initial_block"] == (len(guess) if whole else None)
+    monkeypatch.setattr(sv, "max_margin", original)
+    reference = network_support_vectors(net, x, y, kernel="dense").svm
+    np.testing.assert_array_equal(svm.support_, reference.support_)
+    np.testing.assert_allclose(svm.alpha_, reference.alpha_, rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                               atol=(1e-4 if dtype == torch.float32 else 1e-9) * reference.alpha_.max())
+
+
+def test_admits_lazily_only_on_the_cpu_solver_with_float64_blocks():
+    from lightning_nsv.solver.column_store import admits_lazily
+
+    x = torch.randn(30, 5, dtype=torch.float64)
+    net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=1)
+    slopes = forward_with_slopes(net, x)[1]
+    columns = PathKernelColumns(x, slopes, net.betas, net.gammas)
+    assert admits_lazily(columns)
+    assert not admits_lazily(columns, torch.device("cpu"))  # the torch solver forms full columns on admission
+    assert not admits_lazily(PathKernelColumns(x.float(), slopes, net.betas, net.gammas, dtype=torch.float32))

@@ -25,6 +25,7 @@ from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.kernel.path_signs import PathSigns, path_signs
 from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin
+from lightning_nsv.solver.column_store import admits_lazily
 from lightning_nsv.solver.options import Plan, SolverOptions, plan
 
 __all__ = ["SupportVectorAnalysis", "max_margin_decision", "network_support_vectors", "signed_labels",
@@ -204,7 +205,8 @@ def network_support_vectors(
             (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
             the support kept in ``cache`` for these inputs (with ``solver`` torch less the members that the
             max-margin problem on that support alone no longer needs, :func:`~lightning_nsv.analysis.warm_start.pruned_support`), else the
-            ``4·⌊√m⌋`` smallest network margins ``y·N(x)``, admitted ``⌊√m⌋`` at a time, most violated first,
+            ``4·⌊√m⌋`` smallest network margins ``y·N(x)``, admitted as one block by the numpy solver on float64
+            (which forms full columns only for the members it keeps), else ``⌊√m⌋`` at a time, most violated first,
             while they violate the margin. The solution does not depend on it; the time does.
         cache: an :class:`~lightning_nsv.kernel.gram_cache.InputGramCache` to pass to every analysis of the same
             training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
@@ -286,11 +288,12 @@ def _solve_on_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[
     """The problem through the origin on kernel columns computed on demand (shared by the ranks of ``sharing``);
     ``cache`` keeps the rows of the support for the next analysis."""
     columns = kernel_columns(net, x_train, slopes_train, cache)
+    columns = columns if sharing is None else sharing.columns(columns)
     initial, initial_block = first_candidates(net, x_train, slopes_train, y, outputs, initial, cache,
-                                              decided.solver_device is None)
+                                              admits_lazily(columns, decided.solver_device))
     diag = path_kernel_diagonal(x_train, slopes_train, bias=net.biases is not None, dtype=net.dtype)
-    svm = max_margin(columns if sharing is None else sharing.columns(columns), y, kernel_diag=diag.cpu().numpy(),
-                     initial=initial, initial_block=initial_block, device=decided.solver_device)
+    svm = max_margin(columns, y, kernel_diag=diag.cpu().numpy(), initial=initial, initial_block=initial_block,
+                     device=decided.solver_device)
     if cache is not None:
         cache.keep(svm.support_)
     return svm

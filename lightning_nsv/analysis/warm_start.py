@@ -22,7 +22,9 @@ __all__ = ["INITIAL_MARGINS", "PRUNE_MAX_BYTES", "first_candidates", "kernel_col
            "serve_kernel_columns"]
 
 # the cold start tries the INITIAL_MARGINS·⌊√m⌋ smallest network margins first: at m = 20,000 (60,000) the solver
-# then fetches 1,589 (4,174) columns for 1,183 (3,047) support vectors, against 1,777 (4,785) from ⌊√m⌋
+# then fetches 1,589 (4,174) columns for 1,183 (3,047) support vectors, against 1,777 (4,785) from ⌊√m⌋; admitted as
+# one lazy block rather than ⌊√m⌋ at a time, 1,512 columns in 11 requests for 1,339 support vectors against 1,536 in
+# 15 (benchmarks/nsv_scale.py's stand-in at m = 20,000)
 INITIAL_MARGINS = 4
 
 
@@ -79,19 +81,20 @@ def kernel_columns(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Ten
 
 
 def first_candidates(net: PathNetwork, x_train: Tensor, slopes_train: Sequence[Tensor], y: Tensor, outputs: Tensor,
-                     initial, cache: InputGramCache | None, numpy_solver: bool) -> tuple[np.ndarray, int | None]:
+                     initial, cache: InputGramCache | None, lazy: bool) -> tuple[np.ndarray, int | None]:
     """The samples the solver tries first and how many it admits at a time (``None``: ``⌊√m⌋``, most violated first):
-    ``initial`` when given, else the support kept in ``cache`` (pruned for the torch solver, which forms every
-    member's full column on admission; numpy's admits candidates from ``Q[F ∪ new, new]`` and forms full columns
-    only for those kept), both admitted whole; else the ``INITIAL_MARGINS·⌊√m⌋`` smallest margins ``y·N(x)`` (ties
-    at the start: index order). Those whose input-Gram rows ``cache`` keeps come first, in its order."""
+    ``initial`` when given, else the support kept in ``cache``, both admitted whole; else the
+    ``INITIAL_MARGINS·⌊√m⌋`` smallest margins ``y·N(x)`` (ties at the start: index order), admitted whole too where
+    the solver admits candidates ``lazy``-ly (:func:`~lightning_nsv.solver.column_store.admits_lazily`: from
+    ``Q[F ∪ new, new]``, full columns formed only for those kept), else ``⌊√m⌋`` at a time (members that earlier
+    blocks made redundant then never have their columns formed). Where it is not lazy, e.g. with the torch solver,
+    a kept support is pruned first (:func:`pruned_support`). Those whose input-Gram rows ``cache`` keeps come
+    first, in its order."""
     if initial is None and cache is not None and len(cache):
-        initial = cache.samples if numpy_solver else pruned_support(net, x_train, slopes_train, y, cache.samples,
-                                                                    cache=cache)
-    initial_block = None
-    if initial is None:
+        initial = cache.samples if lazy else pruned_support(net, x_train, slopes_train, y, cache.samples, cache=cache)
+    guess = initial is None
+    if guess:
         initial = np.sort(torch.argsort(y * outputs)[: INITIAL_MARGINS * int(math.sqrt(len(y)))].cpu().numpy())
-    else:
-        initial_block = max(1, len(initial))
+    initial_block = None if guess and not lazy else max(1, len(initial))
     initial = sample_indices(initial)
     return (cache.in_slot_order(initial) if cache is not None else initial), initial_block

@@ -17,8 +17,8 @@ import torch
 from lightning_nsv.memory import base_page_empty
 from lightning_nsv.solver.protocol import KernelColumns
 
-__all__ = ["ColumnStore", "DeviceColumnStore", "DeviceFullColumns", "FullColumns", "LazyColumns", "store_for",
-           "device_q_columns"]
+__all__ = ["ColumnStore", "DeviceColumnStore", "DeviceFullColumns", "FullColumns", "LazyColumns", "admits_lazily",
+           "store_for", "device_q_columns"]
 
 # the store compacts when its dead columns outnumber max(64, members / 32) and take over 64 MiB: a compaction
 # shrinks (or copies) the blocks with the largest share of dead ones until half the allowance remains, so small
@@ -33,10 +33,17 @@ def store_for(provider: KernelColumns, y: np.ndarray, scale: float, device: torc
     candidates where the provider offers float64 blocks ``Q[idx, idx]``; else tensors on ``device``."""
     if device is not None:
         return DeviceColumnStore(device_q_columns(provider, y, scale, device), len(y), device)
-    # a block rounded apart from the columns (float32: by 1e-7) would pass a duplicate sample for an independent one
-    lazy = provider.offers_block and provider.dtype == torch.float64
     return ColumnStore(lambda idx: provider.signed_columns(idx, y, scale), len(y),
-                       (lambda idx: provider.signed_block(idx, y, scale)) if lazy else None)
+                       (lambda idx: provider.signed_block(idx, y, scale)) if admits_lazily(provider, device) else None)
+
+
+def admits_lazily(provider: KernelColumns, device: torch.device | None = None) -> bool:
+    """Whether the store of :func:`store_for` admits candidates from their block ``Q[F ∪ new, new]`` and forms full
+    columns only for those still free when the margins are next needed (:class:`LazyColumns`): on the CPU (numpy,
+    ``device`` None) for a provider of float64 blocks. Then a wide block of candidates costs no column for the
+    members that the descent after it drops at once."""
+    # a block rounded apart from the columns (float32: by 1e-7) would pass a duplicate sample for an independent one
+    return device is None and provider.offers_block and provider.dtype == torch.float64
 
 
 def device_q_columns(provider: KernelColumns, y: np.ndarray, scale: float, device: torch.device):
