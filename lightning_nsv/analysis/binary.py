@@ -203,8 +203,9 @@ def network_support_vectors(
         block_size: rows per block of the dense kernel computation.
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
             (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
-            the support kept in ``cache`` for these inputs (with ``solver`` torch less the members that the
-            max-margin problem on that support alone no longer needs, :func:`~lightning_nsv.analysis.warm_start.pruned_support`), else the
+            the support kept in ``cache`` for these inputs (with ``solver`` torch or a float32 network less the
+            members that the max-margin problem on that support alone no longer needs,
+            :func:`~lightning_nsv.analysis.warm_start.pruned_support`), else the
             ``4·⌊√m⌋`` smallest network margins ``y·N(x)``, admitted as one block by the numpy solver on float64
             (which forms full columns only for the members it keeps), else ``⌊√m⌋`` at a time, most violated first,
             while they violate the margin. The solution does not depend on it; the time does.
