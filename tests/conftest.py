@@ -7,6 +7,10 @@ levels and filters (and ``logging.disable``), the rank Lightning's ``rank_zero_o
 (``LIGHTNING_NSV_PACKAGE``), the current directory, torch's global random state. The fixture below records them
 before each test and puts back whatever changed, so the suite passes in any order (``python -m pytest`` shuffles
 it with pytest-randomly; see the README).
+
+torch seeds its generator from the operating system in every process, so a test or a module-scoped fixture that
+draws without seeding would see different numbers on every run. Each test module and each test therefore starts
+from a seed of its own, fixed by its name: the same numbers in any order and on every run.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import logging
 import os
 import sys
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -51,8 +56,18 @@ def _restore_loggers(saved: dict[str, tuple]) -> None:
         lg.propagate, lg.disabled = propagate, disabled
 
 
+def _seed_from(name: str) -> None:
+    torch.manual_seed(zlib.crc32(name.encode()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def seeded_module(request):
+    """Module-scoped fixtures that draw without a seed of their own draw from this one."""
+    _seed_from(request.node.nodeid)
+
+
 @pytest.fixture(autouse=True)
-def restore_process_state():
+def restore_process_state(request):
     threads, blas = torch.get_num_threads(), _blas_threads()
     dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -62,6 +77,7 @@ def restore_process_state():
     filters, loggers, disabled, ranks = list(warnings.filters), _logger_state(), logging.root.manager.disable, \
         _rank_zero_ranks()
     rank_zero_log = _rank_zero_log()
+    _seed_from(request.node.nodeid)
     yield
     torch.set_num_threads(threads)
     if _blas_threads() != blas:

@@ -392,8 +392,7 @@ def test_refuses_duplicates_with_different_labels():
 
 def test_refuses_zero_output_as_error():
     module = nn.Sequential(nn.Flatten(), nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 1, bias=False))
-    x = torch.randn(6, 4)
-    y = own_labels(module, x)
+    x, y = separated(module, 6, 4)
     x[3] = 0.0
     with pytest.raises(NotSeparableError, match="1 of them on the boundary"):
         whole_network_support_vectors(module, x, y)
