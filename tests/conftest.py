@@ -10,7 +10,9 @@ it with pytest-randomly; see the README).
 
 torch seeds its generator from the operating system in every process, so a test or a module-scoped fixture that
 draws without seeding would see different numbers on every run. Each test module and each test therefore starts
-from a seed of its own, fixed by its name: the same numbers in any order and on every run.
+from a seed of its own, fixed by its name: the same numbers in any order and on every run. Property-based tests
+(``hypothesis``) draw the same examples on every run too (derandomized, no example database) unless
+``NSV_PROPERTY_SCALE`` asks for more of them (``tests/test_properties.py``).
 """
 from __future__ import annotations
 
@@ -22,7 +24,13 @@ import zlib
 
 import pytest
 import torch
+from hypothesis import settings
 from threadpoolctl import threadpool_info, threadpool_limits
+
+
+settings.register_profile("reproducible", derandomize=True, database=None)
+if int(os.environ.get("NSV_PROPERTY_SCALE", "1")) == 1:
+    settings.load_profile("reproducible")
 
 
 def _blas_threads() -> list[tuple[str, str, int]]:
