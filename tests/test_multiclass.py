@@ -7,6 +7,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
+from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.max_margin import NotSeparableError, max_margin
 from lightning_nsv.multiclass import (
     centred_gram,
@@ -338,11 +339,11 @@ def test_refuses_training_errors_and_bad_arguments():
     x, y = self_labelled(net, 20, seed=52)
     wrong = y.clone()
     wrong[5] = (wrong[5] + 1) % 3
-    with pytest.raises(NotSeparableError, match="misclassifies 1 of 20 training samples \\(0 of them with non-fin"):
+    with pytest.raises(NotSeparableError, match="misclassifies 1 of 20 training samples \\(first: 5\\)"):
         multiclass_support_vectors(net, x, wrong)
     x_inf = x.clone()
     x_inf[2, 0] = math.inf
-    with pytest.raises(NotSeparableError, match="misclassifies 1 of 20 .*\\(1 of them with non-finite outputs\\)"):
+    with pytest.raises(NonFiniteError, match="training inputs are not finite at sample 2 \\(1 samples in all\\)"):
         multiclass_support_vectors(net, x_inf, y)
     with pytest.raises(ValueError, match="class labels must be integers in \\[0, 3\\), got values \\[0, 3\\]"):
         multiclass_support_vectors(net, x, torch.tensor([0, 3] * 10))

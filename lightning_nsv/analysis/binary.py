@@ -17,14 +17,14 @@ from lightning_nsv.analysis.checks import (check_analysis_memory, check_dense_fi
                                            check_finite_samples, check_samples, misclassified_message)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS, first_candidates, kernel_columns
-from lightning_nsv.kernel.formulas import (forward_with_slopes, path_kernel, path_kernel_diagonal, path_norm_squared,
-                                           unique_patterns)
+from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, path_kernel, path_kernel_diagonal,
+                                           path_norm_squared, unique_patterns)
 from lightning_nsv.kernel.gram_cache import InputGramCache
 from lightning_nsv.kernel.inputs import analysis_inputs, as_tensor_on
 from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.kernel.path_signs import PathSigns, path_signs
 from lightning_nsv.kernel.sharded import ColumnSharing
-from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin
+from lightning_nsv.solver import MaxMarginResult, NotSeparableError, initial_indices, max_margin
 from lightning_nsv.solver.column_store import admits_lazily
 from lightning_nsv.solver.options import Plan, SolverOptions, plan
 
@@ -200,7 +200,7 @@ def network_support_vectors(
         delta: confidence of the compression bound.
         kernel: ``"auto"``, ``"dense"`` or ``"columns"`` (see Cost).
         max_dense_bytes: largest dense kernel ``"auto"`` builds.
-        block_size: rows per block of the dense kernel computation.
+        block_size: rows per block of the dense kernel and of the validation kernel (a positive integer).
         initial: sample indices to try first as support vectors, e.g. the support of a previous analysis
             (a warm start), admitted to the solver's free set as one block (those that violate the margin); default:
             the support kept in ``cache`` for these inputs (with ``solver`` torch or a float32 network less the
@@ -208,7 +208,8 @@ def network_support_vectors(
             :func:`~lightning_nsv.analysis.warm_start.pruned_support`), else the
             ``4·⌊√m⌋`` smallest network margins ``y·N(x)``, admitted as one block by the numpy solver on float64
             (which forms full columns only for the members it keeps), else ``⌊√m⌋`` at a time, most violated first,
-            while they violate the margin. The solution does not depend on it; the time does.
+            while they violate the margin. The solution does not depend on it; the time does. Refused unless its
+            indices lie in ``[0, m)``; the intercept protocol (scikit-learn's ``SVC``) takes no warm start.
         cache: an :class:`~lightning_nsv.kernel.gram_cache.InputGramCache` to pass to every analysis of the same
             training inputs (e.g. after more epochs): rows of ``X Xᵀ`` it holds are not recomputed, and it keeps
             those of this analysis's support (``8·m·s`` bytes; up to ``8·m·s'`` during the analysis) and warm
@@ -227,8 +228,11 @@ def network_support_vectors(
         ValueError: on labels, options or a dense kernel that does not fit in memory.
     """
     options = SolverOptions(kernel=kernel, solver=solver, intercept=intercept, C=C, max_dense_bytes=max_dense_bytes)
+    check_block_size(block_size)
     check_finite_network(net)
-    check_samples(x_train, x_val)
+    check_samples(x_train, x_val, y_val)
+    if initial is not None:
+        initial = initial_indices(initial, len(x_train))
     decided = plan(options, x_train.device)
     x_train, y = _training_set(x_train, y_train, intercept, decided.device)
     on_device = net.to(decided.device)
@@ -237,13 +241,13 @@ def network_support_vectors(
     outputs, slopes_train = _separable_outputs(on_device, x_train, y)
     if decided.dense:
         svm = max_margin(path_kernel(x_train.to(net.dtype), slopes_train, bias=net.biases is not None,
-                                     block_size=block_size), y, intercept=intercept, C=C, device=decided.solver_device)
+                                     block_size=block_size), y, intercept=intercept, C=C, device=decided.solver_device,
+                         initial=initial, initial_block=None if initial is None else max(1, len(initial)))
     else:
         svm = _solve_on_columns(on_device, x_train, slopes_train, y, outputs, initial,
                                 None if sharing is not None else cache, sharing, decided)
     analysis = _summaries(net, svm, y, outputs, slopes_train, delta, decided)
     if x_val is not None:
-        check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
         analysis.update(_validation(on_device, x_train, slopes_train, y, svm, x_val.to(decided.device), y_val,
                                     block_size))
     return SupportVectorAnalysis(**analysis)

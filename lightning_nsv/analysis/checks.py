@@ -16,13 +16,22 @@ __all__ = ["available_memory_bytes", "check_analysis_memory", "check_finite_netw
            "check_finite_weights", "check_memory", "check_samples", "conflicting_duplicates", "misclassified_message"]
 
 
-def check_samples(x_train: Tensor, x_val: Tensor | None = None) -> None:
-    """Refuse an empty training set, and an empty validation set passed instead of ``None``."""
+def check_samples(x_train: Tensor, x_val: Tensor | None = None, y_val=None) -> None:
+    """Refuse an empty training set, an empty validation set passed instead of ``None``, validation labels without
+    validation inputs or of another length, and validation inputs that are not finite."""
     if not len(x_train):
         raise ValueError("x_train holds no samples: the analysis needs the training set the network reached zero "
                          "training error on")
-    if x_val is not None and not len(x_val):
+    if x_val is None:
+        if y_val is not None:
+            raise ValueError("y_val without x_val: pass the validation inputs too")
+        return
+    if not len(x_val):
         raise ValueError("x_val holds no samples: pass x_val=None (and y_val=None) to analyse without validation")
+    if y_val is not None and len(y_val) != len(x_val):
+        raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
+    if x_val.is_floating_point():
+        check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
 
 
 def check_finite_network(net: PathNetwork) -> None:

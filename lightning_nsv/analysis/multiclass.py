@@ -15,10 +15,12 @@ from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_nsv.analysis.binary import kernel_to_support
 from lightning_nsv.analysis.bounds import compression_bound
-from lightning_nsv.analysis.checks import check_analysis_memory, check_samples
+from lightning_nsv.analysis.checks import (check_analysis_memory, check_finite_network, check_finite_samples,
+                                           check_samples)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.kernel.columns import PathKernelColumns
-from lightning_nsv.kernel.formulas import forward_with_slopes, output_gram, path_kernel_diagonal, unique_patterns
+from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, output_gram, path_kernel_diagonal,
+                                           unique_patterns)
 from lightning_nsv.kernel.inputs import analysis_inputs, as_tensor_on
 from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.solver import NotSeparableError
@@ -159,15 +161,14 @@ class MulticlassSupportVectorAnalysis(SupportVectorResult):
 
 
 def _check_zero_error(outputs: Tensor, y: np.ndarray) -> np.ndarray:
-    """Pair margins of the network; raises unless every one is positive and every output finite."""
-    finite = torch.isfinite(outputs).all(1).numpy()
+    """Pair margins of the network (finite outputs); raises unless every one is positive."""
     margins = pair_margins(outputs, y)
-    wrong = ~finite | (margins.min(1) <= 0)
+    wrong = margins.min(1) <= 0
     if wrong.any():
         raise NotSeparableError(
-            f"the network misclassifies {int(wrong.sum())} of {len(y)} training samples ({int((~finite).sum())} "
-            "of them with non-finite outputs): the support-vector analysis needs N_y(x) − N_k(x) > 0 for every "
-            "training sample and every k ≠ y (Assumption 1); a tie counts as an error"
+            f"the network misclassifies {int(wrong.sum())} of {len(y)} training samples (first: "
+            f"{', '.join(map(str, np.flatnonzero(wrong)[:3]))}): the support-vector analysis needs "
+            "N_y(x) − N_k(x) > 0 for every training sample and every k ≠ y (Assumption 1); a tie counts as an error"
         )
     return margins
 
@@ -206,19 +207,25 @@ def multiclass_support_vectors(
             the CPU with numpy, so ``"torch"`` is not honoured (a warning says so).
 
     Raises:
+        NonFiniteError: when weights, biases, inputs or outputs hold NaN or inf.
         NotSeparableError: when the network misclassifies a training sample (Assumption 1 fails).
+        ValueError: on labels or options that do not fit.
     """
     num_classes = net.num_outputs
     if num_classes < 2:
         raise ValueError("the network has 1 output unit: use support_vectors.network_support_vectors")
     if method not in METHODS:
         raise ValueError(f"`method` can be {', '.join(METHODS)}, got {method!r}")
-    check_samples(x_train, x_val)
+    check_block_size(block_size)
+    check_finite_network(net)
+    check_samples(x_train, x_val, y_val)
+    check_finite_samples(x_train.reshape(len(x_train), -1), "training inputs")
     device = plan(SolverOptions(solver=solver, tol=tol, max_iter=max_iter), x_train.device, multiclass=True).device
     net, x_train, x_val = net.to(device), x_train.to(device), None if x_val is None else x_val.to(device)
     y_train, y_val = (y.to(device) if isinstance(y, Tensor) else y for y in (y_train, y_val))
     check_analysis_memory(net, len(x_train), 0 if x_val is None else len(x_val), device=device)
     outputs, slopes_train = forward_with_slopes(net, x_train)
+    check_finite_samples(outputs, "network outputs")
     y = class_labels(y_train, num_classes, len(outputs))
     margins = _check_zero_error(outputs, y)
     x_train = analysis_inputs(x_train.reshape(len(y), -1), net.dtype)

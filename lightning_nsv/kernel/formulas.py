@@ -9,6 +9,7 @@ inputs are cast to it, those of a narrower float dtype a chunk of rows at a time
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import numpy as np
@@ -18,8 +19,8 @@ from torch import Tensor
 from lightning_nsv.kernel.inputs import _InputChunks
 from lightning_nsv.kernel.network import PathNetwork
 
-__all__ = ["forward_with_slopes", "output_gram", "path_kernel", "path_kernel_diagonal", "path_norm_squared",
-           "slopes", "unique_patterns"]
+__all__ = ["check_block_size", "forward_with_slopes", "output_gram", "path_kernel", "path_kernel_diagonal",
+           "path_norm_squared", "slopes", "unique_patterns"]
 
 
 def slopes(z: Tensor, beta: float, gamma: float) -> Tensor:
@@ -91,6 +92,14 @@ def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = Fa
     return _combine(squares, [(s * s).to(dtype).sum(1) for s in slopes], bias)
 
 
+def check_block_size(block_size: int | None) -> None:
+    """Refuse a ``block_size`` (rows per block of a kernel) that is not ``None`` or a positive integer."""
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral)
+                                   or block_size < 1):
+        raise ValueError(f"block_size must be a positive integer (rows per block of the kernel) or None, "
+                         f"got {block_size!r}")
+
+
 def path_kernel(
     x_a: Tensor,
     slopes_a: Sequence[Tensor],
@@ -117,6 +126,7 @@ def path_kernel(
     Returns:
         ``(n_a, n_b)`` tensor in the dtype of ``x_a``.
     """
+    check_block_size(block_size)
     symmetric = x_b is None
     if symmetric:
         x_b, slopes_b = x_a, slopes_a

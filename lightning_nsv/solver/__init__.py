@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lightning_nsv.solver.active_set import active_set, sample_indices, solver_progress
+from lightning_nsv.solver.active_set import active_set, initial_indices, sample_indices, solver_progress
 from lightning_nsv.solver.column_store import store_for
 from lightning_nsv.solver.factor import NumpyFreeSet, TorchFreeSet
 from lightning_nsv.solver.intercept import svc_with_intercept
@@ -30,8 +30,8 @@ from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
 from lightning_nsv.solver.result import MaxMarginResult, NotSeparableError
 from lightning_nsv.threads import single_threaded_blas
 
-__all__ = ["KernelColumns", "MaxMarginResult", "NotSeparableError", "max_margin", "pair_max_margin",
-           "sample_indices", "solver_progress"]
+__all__ = ["KernelColumns", "MaxMarginResult", "NotSeparableError", "initial_indices", "max_margin",
+           "pair_max_margin", "sample_indices", "solver_progress"]
 
 
 def max_margin(

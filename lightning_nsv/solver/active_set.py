@@ -27,7 +27,7 @@ import torch
 from lightning_nsv.solver.factor import FreeSet, NumpyFreeSet
 from lightning_nsv.solver.result import MaxMarginResult, NotSeparableError, make_result
 
-__all__ = ["active_set", "sample_indices", "solver_progress"]
+__all__ = ["active_set", "initial_indices", "sample_indices", "solver_progress"]
 
 ROUNDING_ALPHA = 1e-12  # α below this fraction of the largest α is rounding, not a support vector
 DROP_BATCH = 64  # members dropped in a descent before the factor is downdated
@@ -45,10 +45,7 @@ def active_set(store, y, scale, tol, max_iter, initial, free_set=NumpyFreeSet, i
     gradient = -np.ones(m)
     batch = max(1, int(math.sqrt(m)))
     initial_block = batch if initial_block is None else initial_block
-    pending = None if initial is None else _distinct_in_order(sample_indices(initial))
-    if pending is not None and len(pending) and (pending.min() < 0 or pending.max() >= m):
-        raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
-                         f"[{pending.min()}, {pending.max()}]")
+    pending = None if initial is None else initial_indices(initial, m)
     max_iter = 10 * m if max_iter is None else max_iter
     refinements = 0
     for iteration in range(1, max_iter + 1):
@@ -225,6 +222,16 @@ def _add(free: FreeSet, candidates: np.ndarray):
     for k in range(len(candidates)):
         added |= free.try_add(columns.single(k))
     return None if added else columns.single(0)
+
+
+def initial_indices(initial, m: int) -> np.ndarray:
+    """``initial`` (see :func:`sample_indices`) without repeats, in the order of their first occurrence, refused
+    unless every index lies in ``[0, m)``."""
+    indices = _distinct_in_order(sample_indices(initial))
+    if len(indices) and (indices.min() < 0 or indices.max() >= m):
+        raise ValueError(f"`initial` must hold sample indices in [0, {m}), got values in "
+                         f"[{indices.min()}, {indices.max()}]")
+    return indices
 
 
 def sample_indices(initial) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""Arguments the binary and multi-class analyses refuse before any solve, and the warm start of the dense route."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import lightning_nsv.analysis.binary as binary
+from lightning_nsv.analysis.binary import network_support_vectors
+from lightning_nsv.analysis.multiclass import multiclass_support_vectors
+from lightning_nsv.errors import NonFiniteError
+from lightning_nsv.kernel.formulas import forward_with_slopes, path_kernel
+from tests.test_multiclass import random_net, self_labelled
+
+
+def binary_problem(seed: int = 3):
+    net = random_net((5, 4), num_outputs=1, in_features=3, seed=seed)
+    x = torch.randn(40, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    outputs = forward_with_slopes(net, x)[0]
+    keep = outputs != 0
+    x_val = torch.randn(12, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 2))
+    return net, x[keep], (outputs[keep] > 0).long(), x_val, (forward_with_slopes(net, x_val)[0] > 0).long()
+
+
+@pytest.fixture
+def no_solve(monkeypatch):
+    """Fails a test whose call reaches the solver: a refusal must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the analysis reached the solver")
+    monkeypatch.setattr(binary, "max_margin", refuse)
+    monkeypatch.setattr(binary, "_solve_on_columns", refuse)
+
+
+def test_binary_validation_labels_must_pair_with_inputs(no_solve):
+    net, x, y, x_val, y_val = binary_problem()
+    with pytest.raises(ValueError, match="x_val has 12 samples and y_val 1"):
+        network_support_vectors(net, x, y, x_val, y_val[:1])  # one label would broadcast over all
+    with pytest.raises(ValueError, match="x_val has 6 samples and y_val 5"):
+        network_support_vectors(net, x, y, x_val[:6], y_val[:5])
+    with pytest.raises(ValueError, match="y_val without x_val"):
+        network_support_vectors(net, x, y, None, y_val)
+    bad = x_val.clone()
+    bad[4, 2] = math.nan
+    with pytest.raises(NonFiniteError, match="validation inputs are not finite at sample 4"):
+        network_support_vectors(net, x, y, bad, y_val)
+
+
+@pytest.mark.parametrize("block_size", [-1, 0, 2.5, True, "8"])
+def test_block_size_must_be_a_positive_integer(block_size, no_solve):
+    net, x, y, x_val, y_val = binary_problem()
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        network_support_vectors(net, x, y, x_val, y_val, block_size=block_size)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        path_kernel(x, forward_with_slopes(net, x)[1], block_size=block_size)
+
+
+def test_a_block_size_gives_the_same_validation_as_the_default():
+    net, x, y, x_val, y_val = binary_problem()
+    default = network_support_vectors(net, x, y, x_val, y_val)
+    blocked = network_support_vectors(net, x, y, x_val, y_val, block_size=np.int64(5))
+    assert (default.val_agreement, default.val_errors_svm) == (blocked.val_agreement, blocked.val_errors_svm)
+
+
+@pytest.mark.parametrize("route", [dict(kernel="dense"), dict(kernel="dense", intercept=True), dict()])
+def test_initial_out_of_range_is_refused_on_every_route(route, no_solve):
+    net, x, y, _, _ = binary_problem()
+    with pytest.raises(ValueError, match=rf"`initial` must hold sample indices in \[0, {len(x)}\)"):
+        network_support_vectors(net, x, y, initial=[0, len(x)], **route)
+
+
+def test_the_dense_route_warm_starts_from_initial_to_the_same_solution(monkeypatch):
+    net, x, y, _, _ = binary_problem()
+    cold = network_support_vectors(net, x, y, kernel="dense")
+    seen = {}
+    solve = binary.max_margin
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return solve(*args, **kwargs)
+    monkeypatch.setattr(binary, "max_margin", spy)
+    warm = network_support_vectors(net, x, y, kernel="dense", initial=cold.svm.support_[::-1].copy())
+    assert sorted(seen["initial"]) == sorted(cold.svm.support_) and seen["initial_block"] == cold.n_support
+    np.testing.assert_array_equal(warm.svm.support_, cold.svm.support_)
+    np.testing.assert_allclose(warm.svm.alpha_, cold.svm.alpha_, rtol=1e-9, atol=1e-12)
+
+
+def test_multiclass_refuses_what_the_binary_analysis_refuses():
+    net = random_net((4,), num_outputs=3, seed=51)
+    x, y = self_labelled(net, 30, seed=52)
+    x_val, y_val = self_labelled(net, 12, seed=53)
+    bad = x_val.clone()
+    bad[3] = math.nan
+    with pytest.raises(NonFiniteError, match="validation inputs are not finite at sample 3"):
+        multiclass_support_vectors(net, x, y, bad, y_val)
+    with pytest.raises(ValueError, match=f"x_val has {len(x_val)} samples and y_val 2"):
+        multiclass_support_vectors(net, x, y, x_val, y_val[:2])
+    with pytest.raises(ValueError, match="y_val without x_val"):
+        multiclass_support_vectors(net, x, y, None, y_val)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        multiclass_support_vectors(net, x, y, x_val, y_val, block_size=-1)
+    diverged = random_net((4,), num_outputs=3, seed=51)
+    diverged.weights[0][1, 2] = math.nan
+    with pytest.raises(NonFiniteError, match=r"weights\[0\] holds NaN"):
+        multiclass_support_vectors(diverged, x, y)
