@@ -15,6 +15,7 @@ numbers go. All of them are about the mean cross-entropy loss.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -22,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_nsv.analysis.psi import as_matrix64
+from lightning_nsv.analysis.psi import as_matrix64, check_finite
 from lightning_nsv.analysis.result import AnalysisResult
+from lightning_nsv.solver.options import _is_count
 
 LOG2 = math.log(2.0)
 #: Assumption 3.1.1: real analytic and strictly increasing.
@@ -191,8 +193,10 @@ def escape_path(
         residual_tol: Largest relative residual for which the certificate applies.
 
     Raises:
-        ValueError: On shapes that do not fit together, K < 2, labels out of range, ``eps <= 0`` or
-            ``num_points < 2``.
+        ValueError: On shapes that do not fit together, K < 2, labels that are not integers in ``0..K-1``, ``eps``
+            outside ``(0, inf)``, ``num_points < 2`` or ``residual_tol`` outside ``[0, inf)``.
+        NonFiniteError: If ``psi``, ``V`` or ``bias`` hold NaN or inf (a ValueError).
+        TypeError: If ``eps`` is not a real number or ``num_points`` not an integer.
 
     Example::
 
@@ -200,9 +204,9 @@ def escape_path(
         >>> round(p.target_loss, 6), p.applies, p.in_sublevel_set
         (0.05, True, True)
     """
-    psi, V, y, b = _escape_inputs(psi, V, targets, bias, eps, num_points)
+    psi, V, y, b = _escape_inputs(psi, V, targets, bias, eps, num_points, residual_tol)
     k = V.shape[1]
-    t_star = math.log((k - 1) / math.expm1(eps / 2))
+    t_star = math.log(k - 1) - eps / 2 - math.log(-math.expm1(-eps / 2))  # log((K-1)/expm1(ε/2)), no overflow
     target = F.one_hot(y, k).to(torch.float64) * t_star
     V_star = torch.linalg.lstsq(psi, target - b, driver="gelsd").solution
     residual = float(torch.linalg.norm(psi @ V_star + b - target) / torch.linalg.norm(target))
@@ -212,30 +216,45 @@ def escape_path(
     return EscapePath(lambdas, losses, eps, t_star, residual, residual_tol, float(torch.linalg.norm(V_star)))
 
 
-def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float,
-                   num_points: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Ψ, V, the labels and the biases of :func:`escape_path`, checked to fit together (and ``eps``, ``num_points``),
-    on the CPU (float64 and int64)."""
+def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_points: int,
+                   residual_tol: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Ψ, V, the labels and the biases of :func:`escape_path`, checked to fit together and to be finite (and the
+    scalar arguments), on the CPU (float64 and int64)."""
     psi, V = as_matrix64(psi, "psi"), as_matrix64(V, "V")
     n, m = psi.shape
     k = V.shape[1]
-    y = torch.as_tensor(targets).detach().to(torch.int64)
+    labels = torch.as_tensor(targets).detach().cpu()
+    y = labels.to(torch.int64)
     if V.shape[0] != m:
         raise ValueError(f"`V` must be M x K with M = {m} (the columns of psi), got {tuple(V.shape)}")
     if k < 2:
         raise ValueError(f"the cross-entropy needs K >= 2 outputs, got V of shape {tuple(V.shape)}")
     if y.shape != (n,):
         raise ValueError(f"`targets` must hold N = {n} labels (the rows of psi), got shape {tuple(y.shape)}")
+    if not bool((y == labels).all()):
+        raise ValueError(f"`targets` must be integer class labels in 0..{k - 1}, got {labels[y != labels][0].item():g}")
     if (y < 0).any() or (y >= k).any():
         raise ValueError(f"`targets` must be class indices in 0..{k - 1}, got range [{int(y.min())}, {int(y.max())}]")
-    if not eps > 0:
-        raise ValueError(f"`eps` must be > 0 (the loss at V* is eps/2), got {eps}")
-    if num_points < 2:
-        raise ValueError(f"`num_points` must be >= 2 (both endpoints), got {num_points}")
+    _check_positive("eps", eps, " (the loss at V* is eps/2)")
+    if not _is_count(num_points) or num_points < 2:
+        raise (ValueError if _is_count(num_points) else TypeError)(
+            f"`num_points` must be >= 2 (both endpoints) and an integer, got {num_points!r}")
+    if not 0 <= residual_tol < math.inf:
+        raise ValueError(f"`residual_tol` must be a relative residual in [0, inf), got {residual_tol}")
     b = torch.zeros(k, dtype=torch.float64) if bias is None else torch.as_tensor(bias).detach().to(torch.float64)
     if b.shape != (k,):
         raise ValueError(f"`bias` must hold K = {k} values, got shape {tuple(b.shape)}")
-    return psi.cpu(), V.cpu(), y.cpu(), b.cpu()
+    for name, values in (("psi", psi), ("V", V), ("bias", b.reshape(-1, 1))):
+        check_finite(values, name)  # lstsq on NaN fails inside LAPACK
+    return psi, V, y, b.cpu()
+
+
+def _check_positive(name: str, value: Any, why: str = "") -> None:
+    """Refuse a ``value`` that is not a real number in (0, inf), naming it; ``why`` follows "> 0" in the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
+    if not 0 < value < math.inf:
+        raise ValueError(f"`{name}` must be > 0{why}, got {value}; valid: 0 < {name} < inf")
 
 
 # ----------------------------------------------------------------------------------------- Assumption 3.1
@@ -305,12 +324,13 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
     """Checks Assumption 3.1 of the paper for a skip network and its training inputs.
 
     Args:
-        activations: Names of the hidden activations (``"sigmoid"``, ``"softplus"``, ``"tanh"``, ``"relu"``,
-            ``"leaky_relu"``, ...), one per hidden layer or one for all.
+        activations: A sequence of names of the hidden activations (``"sigmoid"``, ``"softplus"``, ``"tanh"``,
+            ``"relu"``, ``"leaky_relu"``, ...; any case, so ``"Sigmoid"`` too), one per hidden layer or one for all.
         num_units: M, the number of skip units.
         inputs: The N training inputs, samples along dim 0.
 
     Raises:
+        TypeError: If ``activations`` is a single string, not a sequence of names.
         ValueError: If ``activations`` is empty or ``inputs`` holds no sample.
 
     Example::
@@ -319,7 +339,9 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
         >>> c.analytic_increasing, c.m_ge_n, c.distinct_inputs, len(c.reasons)
         (False, False, True, 2)
     """
-    names = tuple(dict.fromkeys(str(a) for a in activations))
+    if isinstance(activations, (str, bytes)):
+        raise TypeError(f"`activations` must be a sequence of names, e.g. [{activations!r}], not a string")
+    names = tuple(dict.fromkeys(str(a).lower() for a in activations))
     if not names:
         raise ValueError("`activations` must name at least one hidden activation, got none")
     dup = count_duplicates(inputs)

@@ -8,13 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_nsv.analysis.valley import _check_positive
 from lightning_nsv.callbacks.dashboard import valley_charts
+from lightning_nsv.callbacks.nsv_checks import _check_integer
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.psi import check_finite
+from lightning_nsv.solver.options import _is_count
 from lightning_nsv.valley import (
     LOG2,
     Assumption31Checks,
@@ -129,9 +132,12 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             cross-entropy.
 
     Raises:
-        ValueError: On arguments out of range here; from ``on_train_start`` when Ψ exceeds
-            ``max_memory_bytes``, or when the model declares another loss and ``other_loss="error"``.
-        TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
+        ValueError: On arguments out of range here (``eps`` and ``surface_span`` must be finite); from
+            ``on_train_start`` when Ψ exceeds ``max_memory_bytes``, or when the model declares another loss and
+            ``other_loss="error"``.
+        TypeError: On arguments of the wrong type here (a float or a bool for an integer, a string for a number, a
+            non-bool ``log_figure``, a non-string ``prefix``); from ``setup`` when the LightningModule is not a
+            ``SkipNetwork``.
 
     Example::
 
@@ -161,16 +167,19 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             raise ValueError(f"`other_loss` can be warn, error, got {other_loss!r}")
         self.other_loss = other_loss
         self.other_loss_found: str | None = None
-        if eps is not None and not eps > 0:
-            raise ValueError(f"`eps` must be > 0 (the loss at V* is eps/2) or None for log(2)/N, got {eps}")
+        if eps is not None:
+            _check_positive("eps", eps, " (the loss at V* is eps/2) or None for log(2)/N")
+        for name, value, low in (("path_points", path_points, 2), ("surface_points", surface_points, 2),
+                                 ("seed", seed, None)):
+            if not _is_count(value):
+                _check_integer(name, value, low)  # a TypeError; the ranges follow
         if path_points < 2:
             raise ValueError(f"`path_points` must be >= 2 (both ends of the path), got {path_points}")
         if surface_points < 0 or surface_points == 1:
             raise ValueError(f"`surface_points` must be 0 (no slice) or >= 2, got {surface_points}")
-        if not surface_span > 0:
-            raise ValueError(f"`surface_span` must be > 0, got {surface_span}")
-        self.eps, self.path_points, self.seed = eps, path_points, seed
-        self.surface_points, self.surface_span = surface_points, surface_span
+        _check_positive("surface_span", surface_span)
+        self.eps, self.path_points, self.seed = None if eps is None else float(eps), int(path_points), int(seed)
+        self.surface_points, self.surface_span = int(surface_points), float(surface_span)
         self.checks: Assumption31Checks | None = None
         self._targets: Tensor | None = None
         self._warned_escape = False

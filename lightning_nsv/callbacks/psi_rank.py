@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from lightning_nsv.callbacks.dashboard import hparams_metrics, log_scalars, psi_charts, register_hparams, write_layout
+from lightning_nsv.callbacks.nsv_checks import _check_integer
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
@@ -51,10 +53,15 @@ class _SkipNetworkMonitor(Callback):
                  prefix: str) -> None:
         for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
                             ("max_memory_bytes", max_memory_bytes)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        self.every_n_epochs, self.batch_size, self.max_memory_bytes = every_n_epochs, batch_size, max_memory_bytes
-        self.log_figure, self.prefix = log_figure, prefix
+            _check_integer(name, value, 1)  # numpy integers pass, bools do not
+        if not isinstance(log_figure, (bool, np.bool_)):
+            raise TypeError(f"`log_figure` must be True or False, got {log_figure!r} ({type(log_figure).__name__}); "
+                            "a string such as 'no' would count as True")
+        if not isinstance(prefix, str):
+            raise TypeError(f"`prefix` must be a string, the start of the logged keys (e.g. 'psi/'), got {prefix!r}")
+        self.every_n_epochs, self.batch_size, self.max_memory_bytes = (int(every_n_epochs), int(batch_size),
+                                                                       int(max_memory_bytes))
+        self.log_figure, self.prefix = bool(log_figure), prefix
         self.last_epoch: int | None = None
         self._epoch: int | None = None  # the checkpoint's epoch during analyze_now
         self.last_metrics: dict[str, float] = {}
@@ -236,7 +243,9 @@ class PsiRankMonitor(_SkipNetworkMonitor):
         ValueError: On a non-positive ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes``, an unknown
             ``spectrum``; from
             ``on_train_start`` when even the streaming route does not fit ``max_memory_bytes``.
-        TypeError: From ``setup`` when the LightningModule is not a ``SkipNetwork``.
+        TypeError: On a non-integer ``every_n_epochs``, ``batch_size`` or ``max_memory_bytes`` (a bool included), a
+            ``log_figure`` that is not a bool, a ``prefix`` that is not a string; from ``setup`` when the
+            LightningModule is not a ``SkipNetwork``.
 
     Example::
 
