@@ -34,7 +34,7 @@ from lightning_nsv.kernel import (
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
-from lightning_nsv.analysis.whole_network_checks import check_arguments, check_zero_error
+from lightning_nsv.analysis.whole_network_checks import check_arguments, check_input_shape, check_zero_error
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
 from lightning_nsv.solver import max_margin, pair_max_margin, sample_indices
@@ -285,6 +285,7 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     """The other ranks' side of :func:`whole_network_support_vectors` with ``sharing``: trace the same module,
     fix the gates of the same ``x_train`` and compute this rank's shard of the rows of every block of columns the
     root asks for, until its :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of blocks."""
+    check_input_shape(module, x_train)
     graph = _trace(module, x_train)
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)

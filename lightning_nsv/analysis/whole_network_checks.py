@@ -1,6 +1,9 @@
 """Checks of the whole-network support-vector analysis (:mod:`lightning_nsv.analysis.whole_network`): arguments,
-finite weights and inputs, and zero training error (Assumption 1) with a message that says why it fails."""
+finite weights and inputs, input shapes that the module takes, and zero training error (Assumption 1) with a
+message that says why it fails."""
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
@@ -8,11 +11,12 @@ from torch import Tensor, nn
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples
+from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.solver.multiclass import pair_margins
 from lightning_nsv.solver.options import SOLVERS
 from lightning_nsv.solver.result import NotSeparableError
 
-__all__ = ["check_arguments", "check_zero_error"]
+__all__ = ["check_arguments", "check_input_shape", "check_zero_error"]
 
 
 def _check_finite_module(module: nn.Module) -> None:
@@ -42,23 +46,67 @@ def _not_separable(x: Tensor, labels: Tensor, wrong: Tensor, on_boundary: Tensor
     return message
 
 
+def _first_layer_input(module: nn.Module) -> tuple[str, Callable[[Tensor], bool]] | None:
+    """What the first layer of an ``nn.Sequential`` (a Linear or a convolution) takes per sample, as text, and a
+    test of a batch of inputs against it; ``None`` for other modules."""
+    first = module
+    while isinstance(first, nn.Sequential) and len(first):
+        first = first[0]
+    if first is module:
+        return None
+    name = f"the module's first layer ({type(first).__name__}) takes"
+    if isinstance(first, nn.Linear) and first.in_features:
+        return f"{name} (..., {first.in_features})", lambda x: x.shape[-1] == first.in_features
+    if isinstance(first, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and first.in_channels:
+        spatial = ("L",) if isinstance(first, nn.Conv1d) else ("D", "H", "W")[-len(first.kernel_size):]
+        return (f"{name} ({first.in_channels}, {', '.join(spatial)})",
+                lambda x: x.dim() == 2 + len(spatial) and x.shape[1] == first.in_channels)
+    return None
+
+
+def check_input_shape(module: nn.Module, x_train: Tensor, x_val: Tensor | None = None) -> None:
+    """Refuse, before any tracing, training inputs the module does not take (against the first layer of an
+    ``nn.Sequential``, then by one forward of two samples in eval mode) and validation inputs of another
+    per-sample shape."""
+    shape = tuple(x_train.shape)
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"x_train of shape {shape}: {why}; pass the inputs in the module's input shape, "
+                          "(n, *input_shape) (images stay (n, C, H, W))")
+
+    if x_train.dim() < 2:
+        raise refuse("the inputs need a batch axis and a per-sample shape")
+    first = _first_layer_input(module)
+    if first is not None and not first[1](x_train):
+        raise refuse(f"inputs of shape {shape[1:]} per sample, but {first[0]}")
+    param = next(iter(module.parameters()), x_train)
+    sample = x_train[:2].to(param.device, param.dtype if param.is_floating_point() else torch.float32)
+    try:
+        with eval_mode(module), torch.no_grad():
+            out = module(sample)
+    except Exception as err:
+        raise refuse(f"{type(module).__name__} does not run on inputs of shape {shape[1:]} per sample "
+                     f"({type(err).__name__}: {(str(err).splitlines() or [''])[0]})") from err
+    if isinstance(out, Tensor) and (out.dim() == 0 or len(out) != len(sample)):
+        raise refuse(f"{type(module).__name__} returns shape {tuple(out.shape)} for {len(sample)} samples of shape "
+                     f"{shape[1:]}, not one output per sample")
+    if x_val is not None and tuple(x_val.shape[1:]) != shape[1:]:
+        raise ValueError(f"x_val of shape {tuple(x_val.shape)}: inputs of shape {tuple(x_val.shape[1:])} per sample, "
+                         f"x_train's are {shape[1:]}")
+
+
 def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: float) -> None:
     if solver not in SOLVERS:
         raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
     if not 0 < delta < 1:
         raise ValueError(f"`delta` must be in (0, 1), got {delta}")
-    check_samples(x_train, x_val)
-    if y_val is not None and x_val is None:
-        raise ValueError("y_val without x_val: pass the validation inputs too")
+    check_samples(x_train, x_val, y_val)
     m = len(x_train)
     if len(y_train) != m:
         raise ValueError(f"x_train has {m} samples and y_train {len(y_train)}")
     _check_finite_module(module)
     _check_finite_samples(x_train.reshape(m, -1), "training inputs")
-    if x_val is not None:
-        _check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
-        if y_val is not None and len(y_val) != len(x_val):
-            raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
+    check_input_shape(module, x_train, x_val)
 
 
 def check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:

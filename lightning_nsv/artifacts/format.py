@@ -168,7 +168,9 @@ def content_sha256(payload: Mapping[str, Any]) -> str:
 
     def feed(value: Any) -> None:
         if isinstance(value, Tensor):
-            flat = value.detach().cpu().contiguous().reshape(-1)
+            flat = value.detach().cpu().reshape(-1)
+            if flat.numel() and flat.stride(0) != 1:  # one element under any stride (e.g. 0): no byte view of it
+                flat = flat.clone(memory_format=torch.contiguous_format)
             data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
             header = f"{value.dtype}{tuple(value.shape)}".encode()
             digest.update(b"T" + struct.pack("<QQ", len(header), len(data)) + header + data)
@@ -350,7 +352,11 @@ def _check_format(payload: Any, pt: Path) -> int:
 
 def _check_content(payload: dict, pt: Path, summary: Path) -> None:
     """The checksum that the ``.pt`` records against its content (format 3); a mismatch says what differs."""
-    recorded, actual = payload.get("sha256"), content_sha256(payload)
+    try:
+        recorded, actual = payload.get("sha256"), content_sha256(payload)
+    except Exception as error:  # values that no intact file holds (e.g. a tensor of a damaged layout)
+        raise ArtifactCorruptError(f"{pt} is damaged or truncated (its content cannot be checked: "
+                                   f"{type(error).__name__}: {error}); {_REMEDY}") from error
     if recorded == actual:
         return
     changed = ""
