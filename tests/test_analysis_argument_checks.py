@@ -104,3 +104,24 @@ def test_multiclass_refuses_what_the_binary_analysis_refuses():
     diverged.weights[0][1, 2] = math.nan
     with pytest.raises(NonFiniteError, match=r"weights\[0\] holds NaN"):
         multiclass_support_vectors(diverged, x, y)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(block_bytes=0), "`block_bytes` must be a positive integer"),
+    (dict(block_bytes=-5), "`block_bytes` must be a positive integer"),
+    (dict(block_bytes=1.5e6), "`block_bytes` must be a positive integer"),
+    (dict(initial=[0, 40]), r"`initial` must hold sample indices in \[0, 40\)"),
+])
+def test_whole_network_refuses_bad_options_before_tracing(options, message, monkeypatch):
+    import lightning_nsv.analysis.whole_network as whole
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the analysis traced the module")
+    if "block_bytes" in options:
+        monkeypatch.setattr(whole, "_trace", refuse)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
+    x = torch.randn(40, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        y = (module(x)[:, 0] > 0).long()
+    with pytest.raises(ValueError, match=message):
+        whole.whole_network_support_vectors(module, x, y, **options)

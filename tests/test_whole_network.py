@@ -463,7 +463,7 @@ def test_refuses_bad_options(binary_cnn):
         whole_network_support_vectors(module, x, y + 2)
     with pytest.raises(ValueError, match="solver"):
         whole_network_support_vectors(module, x, y, solver="cuda")
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ValueError, match=r"`initial` must hold sample indices in \[0, 120\)"):
         whole_network_support_vectors(module, x, y, initial=[0, len(x)])
     with pytest.raises(ValueError, match="class labels must be integers in \\[0, 3\\)"):
         whole_network_support_vectors(tiny_cnn(outputs=3), x, y + 2)

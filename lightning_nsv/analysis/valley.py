@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightning_nsv.analysis.psi import as_matrix64, check_finite
 from lightning_nsv.analysis.result import AnalysisResult
-from lightning_nsv.solver.options import _is_count
+from lightning_nsv.solver.options import is_count
 
 LOG2 = math.log(2.0)
 #: Assumption 3.1.1: real analytic and strictly increasing.
@@ -236,8 +236,8 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_po
     if (y < 0).any() or (y >= k).any():
         raise ValueError(f"`targets` must be class indices in 0..{k - 1}, got range [{int(y.min())}, {int(y.max())}]")
     _check_positive("eps", eps, " (the loss at V* is eps/2)")
-    if not _is_count(num_points) or num_points < 2:
-        raise (ValueError if _is_count(num_points) else TypeError)(
+    if not is_count(num_points) or num_points < 2:
+        raise (ValueError if is_count(num_points) else TypeError)(
             f"`num_points` must be >= 2 (both endpoints) and an integer, got {num_points!r}")
     if not 0 <= residual_tol < math.inf:
         raise ValueError(f"`residual_tol` must be a relative residual in [0, inf), got {residual_tol}")

@@ -37,14 +37,14 @@ from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.analysis.whole_network_checks import check_arguments, check_input_shape, check_zero_error
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
-from lightning_nsv.solver import max_margin, pair_max_margin, sample_indices
+from lightning_nsv.solver import initial_indices, max_margin, pair_max_margin
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.multiclass import MulticlassSupportVectorAnalysis, centred_gram
 from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, multiclass_max_margin
 from lightning_nsv.analysis.binary import SupportVectorAnalysis, signed_labels
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
-from lightning_nsv.solver.options import solver_device as solver_backend_device
+from lightning_nsv.solver.options import is_count, solver_device as solver_backend_device
 
 __all__ = ["SignsNotComputed", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "memory_estimate",
            "serve_whole_network_columns", "whole_network_support_vectors"]
@@ -223,6 +223,9 @@ def whole_network_support_vectors(
         ValueError: on labels, options, or memory that does not suffice.
     """
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
+    if not is_count(block_bytes) or block_bytes < 1:
+        raise ValueError(f"`block_bytes` must be a positive integer (bytes of one block of the pair network), "
+                         f"got {block_bytes!r}")
     m = len(x_train)
     graph = _trace(module, x_train)
     num_outputs = graph.num_outputs
@@ -232,9 +235,7 @@ def whole_network_support_vectors(
     binary = num_outputs == 1
     y, y_val = _labels(y_train, y_val, num_outputs, m, None if x_val is None else len(x_val))
     if initial is not None:
-        initial = sample_indices(initial)
-        if len(initial) and (initial.min() < 0 or initial.max() >= m):
-            raise ValueError(f"`initial` holds indices outside [0, {m})")
+        initial = initial_indices(initial, m)
     analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
                     memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
                     delta=delta, scope_name=scope_name)

@@ -17,7 +17,7 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.psi import check_finite
-from lightning_nsv.solver.options import _is_count
+from lightning_nsv.solver.options import is_count
 from lightning_nsv.valley import (
     LOG2,
     Assumption31Checks,
@@ -171,7 +171,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             _check_positive("eps", eps, " (the loss at V* is eps/2) or None for log(2)/N")
         for name, value, low in (("path_points", path_points, 2), ("surface_points", surface_points, 2),
                                  ("seed", seed, None)):
-            if not _is_count(value):
+            if not is_count(value):
                 _check_integer(name, value, low)  # a TypeError; the ranges follow
         if path_points < 2:
             raise ValueError(f"`path_points` must be >= 2 (both ends of the path), got {path_points}")

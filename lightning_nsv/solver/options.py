@@ -27,7 +27,8 @@ def check_choice(name: str, value, choices: tuple[str, ...], fix: str) -> None:
         raise ValueError(f"`{name}` can be {', '.join(choices)}, got {value!r}: {fix}")
 
 
-def _is_count(value) -> bool:
+def is_count(value) -> bool:
+    """Whether ``value`` is an integer (Python or numpy), not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -67,9 +68,9 @@ class SolverOptions:
             raise ValueError(f"`C` must be positive, got {self.C}: a large C (1e7) is the hard margin")
         if not (self.tol >= 0 and math.isfinite(self.tol)):
             raise ValueError(f"`tol` must be finite and >= 0, got {self.tol}: 1e-10 is exact to rounding")
-        if self.max_iter is not None and not (_is_count(self.max_iter) and self.max_iter >= 1):
+        if self.max_iter is not None and not (is_count(self.max_iter) and self.max_iter >= 1):
             raise ValueError(f"`max_iter` must be a positive integer or None, got {self.max_iter!r}")
-        if self.initial_block is not None and not (_is_count(self.initial_block) and self.initial_block >= 1):
+        if self.initial_block is not None and not (is_count(self.initial_block) and self.initial_block >= 1):
             raise ValueError(f"`initial_block` must be a positive integer, got {self.initial_block!r}: the number "
                              "of `initial` samples admitted at a time (None: ⌊√m⌋)")
 
