@@ -17,9 +17,11 @@ from torch.utils.data import Dataset
 from lightning_nsv.callbacks.nsv_checks import (ZeroErrorChecks, _check_arguments, _check_head_fits_classes,
                                                 _first_non_finite_parameter)
 from lightning_nsv.callbacks.dashboard import log_scalars
-from lightning_nsv.callbacks.nsv_data import _say_no_training_batches, _train_dataset, _trains_on_part, _val_dataset
+from lightning_nsv.callbacks.nsv_data import (_module_inputs, _say_no_training_batches, _train_dataset, _trains_on_part,
+                                            _val_dataset)
 from lightning_nsv.callbacks.nsv_outputs import AnalysisOutputs, _register_hparams
 from lightning_nsv.callbacks.nsv_scope import ScopeChoice, WholeNetwork, _example_inputs
+from lightning_nsv.callbacks.sinks import check_writable_folder
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.extract import PathPart
@@ -224,10 +226,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
         self._train_started, self._single_class = False, None
-        if self.save_dir is not None and Path(self.save_dir).exists() and not Path(self.save_dir).is_dir():
-            raise NotADirectoryError(f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}` is an existing file, so "
-                                     "no result could be saved there after training; name a directory (or None for "
-                                     "<log_dir>/nsv)")
+        if self.save_dir is not None:
+            check_writable_folder(self.save_dir, f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}`")
         self._find_head(pl_module)
         datamodule = trainer.datamodule
         self._settle_scope(trainer, pl_module, getattr(datamodule, "train_dataset", None) if datamodule else None)
@@ -237,7 +237,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         the start of training or of the analysis), and check the analysed part's outputs against the classes."""
         if self._scope_text is not None or dataset is None or not len(dataset):
             return
-        self._choose_scope(pl_module, _example_inputs(dataset).to(pl_module.device))
+        self._choose_scope(pl_module, _module_inputs(pl_module, _example_inputs(dataset)))
         _check_head_fits_classes(self._path, trainer.datamodule)
         if self._path.num_outputs > 1 and self.intercept:
             raise ValueError(

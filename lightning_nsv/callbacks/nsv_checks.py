@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchmetrics.aggregation import SumMetric
 
-from lightning_nsv.callbacks.nsv_data import _analysis_device, _gather, _split_batch
+from lightning_nsv.callbacks.nsv_data import _analysis_device, _gather, _module_inputs, _split_batch
 from lightning_nsv.callbacks.nsv_scope import SCOPES, network_outputs64
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.extract import PathPart
@@ -213,11 +213,16 @@ class ZeroErrorChecks:
         """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is.
         ``scale``: the size of the head's outputs over the training set (samples near the boundary have small outputs
         but the rounding of the sums that make them)."""
-        with eval_mode(pl_module), torch.no_grad():
-            x = x.to(pl_module.device)
-            output = pl_module(x).reshape(len(x), -1)
-            head = _head_forward(self._path, x).reshape(len(x), -1)
         module = type(pl_module).__name__
+        with eval_mode(pl_module), torch.no_grad():
+            x = _module_inputs(pl_module, x)
+            output = pl_module(x)
+            if not isinstance(output, Tensor):
+                return (f"{module}.forward returns a {type(output).__name__}, not one tensor of logits, so the "
+                        f"analysis cannot check that its path part {self._path.name} gives the module's output; "
+                        "return the logits alone from forward")
+            output = output.reshape(len(x), -1)
+            head = _head_forward(self._path, x).reshape(len(x), -1)
         if output.shape[1] != head.shape[1]:
             return (f"the output of {module} has {output.shape[1]} values per sample, but its path part "
                     f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged")
@@ -315,7 +320,7 @@ class ZeroErrorChecks:
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _gather(dataset, chunk)
-            embedded = self._path.embed(x.to(pl_module.device)).to(device)
+            embedded = self._path.embed(_module_inputs(pl_module, x)).to(device)
             if keep is not None:
                 keep.append((embedded, y))
             outputs = network_outputs64(on_device, embedded).cpu()

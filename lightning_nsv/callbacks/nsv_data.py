@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.solver.options import analysis_device
@@ -43,6 +43,13 @@ def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
     return torch.stack([torch.as_tensor(x) for x in xs]), _label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
 
 
+def _module_inputs(pl_module: torch.nn.Module, x: Tensor) -> Tensor:
+    """``x`` as the module takes it: on its device and, when floating, in the floating dtype of its parameters (what
+    a precision plugin such as ``"64-true"`` or ``"bf16-true"`` feeds it in training; exact for a wider dtype)."""
+    dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), None)
+    return x.to(pl_module.device, dtype if dtype is not None and x.is_floating_point() else x.dtype)
+
+
 def _analysis_device(pl_module) -> torch.device:
     """Where the float64 analysis runs: the module's device for CUDA, else the CPU (MPS has no float64)."""
     return analysis_device(pl_module.device)
@@ -68,6 +75,12 @@ def _train_dataset(trainer: pl.Trainer) -> Dataset:
         raise RuntimeError(
             "NetworkSupportVectors needs the training set: give the datamodule a `train_dataset` attribute "
             "or train with a single DataLoader"
+        )
+    if not hasattr(dataset, "__len__") or isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"NetworkSupportVectors needs a training set it can index and count (a map-style Dataset with `__len__`, "
+            f"e.g. a TensorDataset), got {type(dataset).__name__}: zero training error and the support vectors are "
+            "properties of a fixed set of samples; give the datamodule a `train_dataset` that is one"
         )
     return dataset
 

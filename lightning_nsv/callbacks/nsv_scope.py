@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_nsv.callbacks.nsv_data import _analysis_device, _split_batch
+from lightning_nsv.callbacks.nsv_data import _analysis_device, _module_inputs, _split_batch
 from lightning_nsv.compat import rank_zero_info
 from lightning_nsv.extract import PathPart, UnsupportedNetworkError, find_path_part
 from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, ScopeSummary, compute_gates, scope_summary, \
@@ -216,7 +216,7 @@ class ScopeChoice:
         loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, generator=torch.Generator())
         with eval_mode(pl_module), torch.no_grad():
             device = _analysis_device(pl_module)
-            parts = [(self._path.embed(x.to(pl_module.device)).to(device), y) for x, y in map(_split_batch, loader)]
+            parts = [(self._path.embed(_module_inputs(pl_module, x)).to(device), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None):

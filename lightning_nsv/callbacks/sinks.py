@@ -12,6 +12,7 @@ Nothing is dropped silently. Call these on the rank that logs (rank 0).
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,24 @@ import numpy as np
 from lightning_nsv.atomic import save_figure, write_text
 from lightning_nsv.compat import rank_zero_info
 
-__all__ = ["FigureSink", "log_directory"]
+__all__ = ["FigureSink", "check_writable_folder", "log_directory"]
+
+
+def check_writable_folder(folder: Any, label: str) -> None:
+    """Refuse, before training, a ``folder`` (named ``label`` in the message) that results could not be saved to: an
+    existing file, a path under a file, or one whose nearest existing folder refuses a new entry (probed with a
+    temporary folder, removed at once)."""
+    path = Path(folder)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    after = "so no result could be saved there after training"
+    if not existing.is_dir():
+        where = "is an existing file" if existing == path else f"lies under the existing file {existing}"
+        raise NotADirectoryError(f"{label} {where}, {after}; name a directory")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise PermissionError(f"{label} cannot be created: {existing} takes no new folder ({error.strerror}), "
+                              f"{after}; name a writable directory") from error
 
 
 def log_directory(trainer: Any) -> Path:
