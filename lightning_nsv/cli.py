@@ -361,6 +361,19 @@ class NSVLightningCLI(LightningCLI):
         if subcommand == "analyze":
             _name_analysis_run(config, Path(ckpt_path), int(checkpoint.get("epoch", 0)))
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI reads a checkpoint's hyperparameters as the model's config; those of a fit outside the command
+        line name no class, so they become init args of the model class the command names."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        found = read_checkpoint(ckpt_path) if ckpt_path and Path(ckpt_path).is_file() else {}
+        hparams = {key: value for key, value in found.get("hyper_parameters", {}).items() if key != "_instantiator"}
+        model = self.config[subcommand].get("model") if hparams and "_class_path" not in hparams else None
+        if model is None or model.get("class_path") is None:
+            return super()._parse_ckpt_path()
+        self.config = self.parser.parse_object(
+            {subcommand: {"model": {"class_path": model["class_path"], "init_args": hparams}}}, self.config)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         threads = config.get("threads")
