@@ -14,7 +14,7 @@ from functools import partial
 
 from sv_vs_depth import parser_for
 
-from lightning_nsv.experiments import mlp_point, parse, read_csv, replot, run_sweep, summarise, write_results
+from lightning_nsv.experiments import mlp_point, parse, read_trials, replot, run_sweep, summarise, write_results
 from lightning_nsv.plotting import plot_sweep
 
 NAME = "bound_vs_depth"
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.depths, args.m = [1, 3], args.m or 60
     title = f"{args.data}: width {args.width}, δ = 0.05"
     if args.replot:
-        return replot(args, NAME, lambda summary: figure(summary, title))
+        return replot(args, NAME, lambda summary: figure(summary, title), ["depth"])
     if args.from_trials:
-        rows = [row for path in args.from_trials for row in read_csv(path)]
+        rows = read_trials(args, ["depth", "m", "zero_error"])
     else:
         rows = run_sweep(args, [{"depth": d} for d in args.depths], partial(mlp_point, args),
                          callback_kwargs={"intercept": args.intercept})

@@ -13,14 +13,14 @@ import logging
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import torch
 
 from lightning_nsv.atomic import save_figure, write_text
 
 __all__ = ["FIGURE_FORMATS", "example_parser", "figure_options", "markdown_table", "parse", "quiet", "read_csv",
-           "replot", "save_figures", "write_csv", "write_results"]
+           "read_trials", "replot", "save_figures", "usage_error", "write_csv", "write_results"]
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
@@ -97,7 +97,7 @@ def _metric_figures(summary: Sequence[dict[str, Any]], table: dict[str, str], ke
     """One error-bar figure per averaged metric of ``table`` against the numeric sweep parameter ``key``."""
     from lightning_nsv.plotting import plot_sweep
 
-    if key is None or not all(isinstance(row.get(key), (int, float)) for row in summary):
+    if key is None or not summary or not all(isinstance(row.get(key), (int, float)) for row in summary):
         return {}
     xs = [float(row[key]) for row in summary]
     logx = min(xs) > 0 and max(xs) >= 8 * min(xs)
@@ -121,15 +121,18 @@ def save_figures(figure: Any, stem: str | Path, formats: Sequence[str] = ("png",
             for fmt in formats]
 
 
-def replot(args: argparse.Namespace, name: str, figure: Callable[[list[dict[str, Any]]], Any]) -> list[dict[str, Any]]:
-    """``--replot``: the figures of ``<out>/<name>.csv`` in every ``--format``, nothing trained or logged."""
+def replot(args: argparse.Namespace, name: str, figure: Callable[[list[dict[str, Any]]], Any],
+           columns: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """``--replot``: the figures of ``<out>/<name>.csv`` in every ``--format``, nothing trained or logged. A CSV
+    without rows or without one of ``columns`` (the sweep's parameters) is refused (:func:`usage_error`)."""
     path = Path(args.out) / f"{name}.csv"
     if not path.is_file():
         raise FileNotFoundError(f"--replot reads {path}, which does not exist: run the example with --out "
                                 f"{args.out} first, or point --out at the folder holding {name}.csv")
     import matplotlib.pyplot as plt
 
-    summary = read_csv(path)
+    summary = _checked_rows(args, "--replot", path, columns,
+                            f"run the example (or --from-trials) with --out {args.out} to write it again")
     figures = figure(summary)
     for suffix, fig in (figures if isinstance(figures, dict) else {"": figures}).items():
         written = save_figures(fig, Path(args.out) / f"{name}{suffix}", **figure_options(args))
@@ -202,6 +205,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
         parser.error(f"--trials must be at least 1, got {args.trials}")
     if args.dpi < 1:
         parser.error(f"--dpi must be positive, got {args.dpi}")
+    if args.threads < 1:
+        parser.error(f"--threads must be a positive integer, got {args.threads}")
     if args.data in ("mnist", "cifar") and args.data_root is None:
         parser.error(f"--data {args.data} needs --data-root (the directory holding the files)")
     if args.quick:
@@ -210,12 +215,54 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     quiet()
+    args._parser = parser  # for usage_error
     return args
+
+
+def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    """Refuse as argparse refuses a flag (usage, ``<prog>: error: <message>``, exit status 2) with the parser
+    that :func:`parse` used; with a plain ``SystemExit`` and the message for namespaces made otherwise."""
+    parser = getattr(args, "_parser", None)
+    if parser is None:
+        raise SystemExit(f"error: {message}")
+    parser.error(message)
+
+
+def read_trials(args: argparse.Namespace, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of the ``--from-trials`` CSV files, concatenated. A file that is missing or unreadable, holds no
+    rows or lacks one of ``columns`` is refused (:func:`usage_error`), before anything is written."""
+    return [row for path in args.from_trials
+            for row in _checked_rows(args, "--from-trials", path, columns,
+                                     "pass a *_trials.csv of this example's sweep (one row per trial)")]
+
+
+def _checked_rows(args: argparse.Namespace, flag: str, path: str | Path, columns: Sequence[str],
+                  advice: str) -> list[dict[str, Any]]:
+    """:func:`read_csv` of ``path``, refused unless it has rows and ``columns``; ``advice`` ends the message."""
+    try:
+        found, rows = _read(path)
+    except FileNotFoundError:
+        usage_error(args, f"{flag}: there is no file {path}")
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        usage_error(args, f"{flag}: cannot read {path} as a CSV ({type(error).__name__}: {error})")
+    if not rows:
+        what = f"holds a header ({', '.join(found)}) and no rows" if found else "is empty (no header, no rows)"
+        usage_error(args, f"{flag}: {path} {what}; {advice}")
+    missing = [c for c in columns if c not in found]
+    if missing:
+        usage_error(args, f"{flag}: {path} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}: "
+                          f"expected {', '.join(columns)}, found {', '.join(found)}; {advice}")
+    return rows
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a CSV written by :func:`write_csv`, numbers parsed (``int`` where integral), ``True``/``False`` as
     booleans, blanks as ``None``."""
+    return _read(path)[1]
+
+
+def _read(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns of the header (none for an empty file) and the rows of :func:`read_csv`."""
     def value(text: str) -> Any:
         if text == "":
             return None
@@ -229,7 +276,9 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
         return text
 
     with Path(path).open(newline="") as handle:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+        reader = csv.DictReader(handle)
+        rows = [{k: value(v) for k, v in row.items()} for row in reader]
+        return list(reader.fieldnames or ()), rows
 
 
 def quiet() -> None:

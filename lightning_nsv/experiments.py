@@ -42,7 +42,8 @@ from lightning_nsv.datamodules import (
     Toy2DDataModule,
 )
 from lightning_nsv.experiment_io import (FIGURE_FORMATS, example_parser, figure_options, markdown_table, parse, quiet,
-                                         read_csv, replot, save_figures, write_csv, write_results)
+                                         read_csv, read_trials, replot, save_figures, usage_error, write_csv,
+                                         write_results)
 from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.mlp import LeakyReLUMLP
 from lightning_nsv.analysis.binary import SupportVectorAnalysis
@@ -64,6 +65,7 @@ __all__ = [
     "parse",
     "quiet",
     "read_csv",
+    "read_trials",
     "replot",
     "report_sweep",
     "run_sweep",
@@ -72,6 +74,7 @@ __all__ = [
     "seeds",
     "summarise",
     "sweep_and_report",
+    "usage_error",
     "write_csv",
     "write_results",
 ]
@@ -277,15 +280,16 @@ def sweep_and_report(
     **sweep_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """The whole of a sweep example: :func:`run_sweep` (unless ``rows`` of an earlier run are given, or
-    ``--from-trials`` names CSV files of one; ``--replot`` only draws ``<name>.csv`` again, see :func:`replot`),
+    ``--from-trials`` names CSV files of one, :func:`read_trials`; ``--replot`` only draws ``<name>.csv`` again, see
+    :func:`replot`; both refuse a CSV without rows or the grid's keys, before anything is written),
     :func:`summarise` by the grid's keys, ``figure(summary)`` (a figure, or a dict of file-name suffix to figure)
     and :func:`write_results`; returns the summary. ``callback_options`` go to the callback after
     :func:`callback_kwargs` (e.g. ``{"scope": "head"}``)."""
     by = list(grid[0])
     if getattr(args, "replot", False):
-        return replot(args, name, figure)
+        return replot(args, name, figure, by)
     if rows is None and getattr(args, "from_trials", None):
-        rows = [row for path in args.from_trials for row in read_csv(path)]
+        rows = read_trials(args, [*by, "zero_error"])
     if rows is None:
         rows = run_sweep(args, grid, build, callback_kwargs={**callback_kwargs(args), **(callback_options or {})},
                          **sweep_kwargs)
