@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import get_args
+import numbers
+import os
 import pickle
 import struct
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sized
+from typing import Any, Iterator, Literal, Sized, get_args
 
 import numpy as np
 import torch
@@ -15,9 +16,51 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision.datasets import VisionDataset
 
 from lightning_nsv.compat import pl
+from lightning_nsv.solver.options import is_count
 
 Task = Literal["binary", "multiclass"]
 TASKS: tuple[str, ...] = get_args(Task)
+
+
+def check_count(name: str, value: Any, low: int, example: int, high: int | None = None,
+                none: str | None = None) -> int | None:
+    """``value`` as an int if it is an integer (Python or numpy, not a bool) in ``low..high``: a TypeError names
+    any other type, a ValueError a value out of range, both with ``example``. ``none`` (what None means) allows None."""
+    if value is None and none is not None:
+        return None
+    kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer of at least {low}")
+    kind += f" or None ({none})" if none is not None else ""
+    if not is_count(value):
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__}); e.g. {name}={example}")
+    if value < low:
+        kind = kind if low < 2 else f"at least {low}"
+        raise ValueError(f"`{name}` must be {kind}, got {value}; e.g. {name}={example}")
+    if high is not None and value > high:
+        raise ValueError(f"`{name}` must be at most {high}, got {value}; e.g. {name}={example}")
+    return int(value)
+
+
+def check_real(name: str, value: Any, example: float, high: float = math.inf, closed: bool = True) -> float:
+    """``value`` as a float if it is a finite real number (not a bool) in [0, high] ([0, high) unless ``closed``):
+    a TypeError names any other type, a ValueError NaN, infinity or a value out of range, both with ``example``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__}); e.g. {name}={example}")
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float's range
+        x = math.inf
+    if not (math.isfinite(x) and 0 <= x and (x <= high if closed else x < high)):
+        span = (f"in [0, {high:g}{']' if closed else ')'}" if high < math.inf
+                else "non-negative" if x < 0 else "finite and non-negative")
+        raise ValueError(f"`{name}` must be {span}, got {value}; e.g. {name}={example}")
+    return x
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool if it is one (numpy's included): a string such as 'false' would count as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 class ClassificationDataModule(pl.LightningDataModule):
@@ -60,7 +103,9 @@ class ClassificationDataModule(pl.LightningDataModule):
         task: ``"binary"``, or ``"multiclass"`` where the module supports it (see ``tasks``).
 
     Raises:
-        ValueError: On an argument out of its range; :meth:`setup` raises on ``m`` larger than the pool.
+        TypeError: On an argument of the wrong type (a bool or float for an integer, a string for a number).
+        ValueError: On an argument out of its range, NaN or infinite; :meth:`setup` raises on ``m`` larger than
+            the pool, or on a pool left empty by ``val_fraction``.
     """
 
     tasks: tuple[str, ...] = ("binary",)
@@ -81,25 +126,25 @@ class ClassificationDataModule(pl.LightningDataModule):
         task: Task = "binary",
     ) -> None:
         super().__init__()
-        if m is not None and m < 1:
-            raise ValueError(f"`m` must be a positive integer or None (all of the training pool), got {m}")
-        if not 0 <= val_fraction < 1:
-            raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
-        if not 0 <= label_noise <= 1:
-            raise ValueError(f"`label_noise` must be in [0, 1], got {label_noise}")
+        m = check_count("m", m, 1, 500, none="all of the training pool")
+        val_fraction = check_real("val_fraction", val_fraction, 0.2, high=1.0, closed=False)
+        # numpy's SeedSequence, which orders the batches, takes no negative seed, torch.Generator none >= 2**64
+        seed = check_count("seed", seed, 0, 0, high=2**64 - 1)
+        random_labels = check_flag("random_labels", random_labels)
+        label_noise = check_real("label_noise", label_noise, 0.1, high=1.0)
         if random_labels and label_noise > 0:
             raise ValueError(
                 f"`random_labels=True` replaces every training label, so `label_noise` must be 0, got {label_noise}"
             )
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"`num_workers` must be a non-negative integer, got {num_workers}")
-        if seed < 0:  # numpy's SeedSequence, which orders the batches, takes no negative seed
-            raise ValueError(f"`seed` must be a non-negative integer, got {seed}")
+        batch_size = check_count("batch_size", batch_size, 1, 100)
+        num_workers = check_count("num_workers", num_workers, 0, 0)
         if task not in self.tasks:
             raise ValueError(f"`task` of {type(self).__name__} can be {', '.join(self.tasks)}, got {task!r}")
         self.save_hyperparameters()
+        # numpy scalars and paths (accepted above) as plain values: a checkpoint must load with weights_only
+        for hparams in (self.hparams, self._hparams_initial):
+            hparams.update({key: value.item() if isinstance(value, np.generic) else os.fspath(value)
+                            for key, value in hparams.items() if isinstance(value, (np.generic, os.PathLike))})
         self.m, self.val_fraction, self.seed = m, val_fraction, seed
         self.random_labels, self.label_noise = random_labels, label_noise
         self.batch_size, self.num_workers, self.task = batch_size, num_workers, task
@@ -169,6 +214,11 @@ class ClassificationDataModule(pl.LightningDataModule):
             x_test, y_test = test[0], self._relabel(test[1])
             pool = source
             self.val_dataset = self._dataset(x_test, y_test, (y_test >= 0).nonzero().squeeze(1))
+        if not len(pool):
+            why = (f"val_fraction={self.val_fraction} holds out {n_val} of its {len(source)} samples, leaving 0 "
+                   "for training; lower `val_fraction`, e.g. val_fraction=0.2" if test is None
+                   else "its training data holds no sample of the task's classes")
+            raise ValueError(f"{type(self).__name__} has no training samples: {why}")
         if self.m is not None and self.m > len(pool):
             held_out = "" if test is not None else f" left after holding out val_fraction={self.val_fraction}"
             raise ValueError(
@@ -267,8 +317,7 @@ class EpochBatchSampler(DistributedSampler):
 
     def __init__(self, dataset: Sized, batch_size: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
                  rank: int = 0) -> None:
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size}")
+        batch_size = check_count("batch_size", batch_size, 1, 100)
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
 
@@ -300,6 +349,7 @@ class TorchvisionDataModule(ClassificationDataModule):
         **kwargs: Arguments of :class:`ClassificationDataModule`.
 
     Raises:
+        TypeError: On a ``root`` that is no path (str or os.PathLike) or a ``download`` that is no bool.
         FileNotFoundError: From :meth:`prepare_data` and :meth:`setup` when files are missing and
             ``download`` is False; the message lists the expected layout.
     """
@@ -310,6 +360,10 @@ class TorchvisionDataModule(ClassificationDataModule):
     files: tuple[str, ...] = ()
 
     def __init__(self, root: str, download: bool = False, **kwargs: Any) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"`root` must be a directory path (str or os.PathLike), got {root!r} "
+                            f"({type(root).__name__}); e.g. root='data'")
+        download = check_flag("download", download)
         super().__init__(**kwargs)
         self.root, self.download = Path(root), download
 

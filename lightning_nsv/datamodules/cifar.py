@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10
 
-from lightning_nsv.datamodules.base import TASKS, TorchvisionDataModule
+from lightning_nsv.datamodules.base import TASKS, TorchvisionDataModule, check_flag
 
 CIFAR10Class = Literal["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_CLASSES: tuple[str, ...] = get_args(CIFAR10Class)
@@ -46,6 +46,7 @@ class CIFAR10FrogsShipsDataModule(TorchvisionDataModule):
         **kwargs: Arguments of :class:`~lightning_nsv.datamodules.base.ClassificationDataModule`.
 
     Raises:
+        TypeError: On ``classes`` that is not a sequence of names (a bare string), a ``root`` that is no path.
         ValueError: On an unknown or repeated class name, or a class count that does not fit ``task``.
         FileNotFoundError: From :meth:`prepare_data` or :meth:`setup` when a file is missing and
             ``download`` is False.
@@ -70,7 +71,11 @@ class CIFAR10FrogsShipsDataModule(TorchvisionDataModule):
         normalize: bool = False,
         **kwargs: Any,
     ) -> None:
+        normalize = check_flag("normalize", normalize)
         super().__init__(root, download, **kwargs)
+        if isinstance(classes, (str, bytes)) or not hasattr(classes, "__iter__"):
+            raise TypeError(f"`classes` must be a sequence of CIFAR-10 class names, got {classes!r}; "
+                            "e.g. classes=('frog', 'ship')")
         classes = tuple(classes)
         unknown = [name for name in classes if name not in CIFAR10_CLASSES]
         if unknown or len(set(classes)) < len(classes):

@@ -8,7 +8,7 @@ import torch
 from sklearn.datasets import make_blobs, make_circles, make_moons
 from torch import Tensor
 
-from lightning_nsv.datamodules.base import ClassificationDataModule
+from lightning_nsv.datamodules.base import ClassificationDataModule, check_count, check_real
 
 
 def _blobs(n: int, noise: float, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +61,9 @@ class Toy2DDataModule(ClassificationDataModule):
         **kwargs: Arguments of :class:`~lightning_nsv.datamodules.base.ClassificationDataModule`.
 
     Raises:
-        ValueError: On an unknown ``name``, fewer than 2 samples or negative ``noise``.
+        TypeError: On a non-integer ``n_samples`` or a non-number ``noise``.
+        ValueError: On an unknown ``name``, fewer than 2 samples, ``noise`` negative, NaN or infinite, or a
+            ``seed`` beyond 2**32 - 1.
     """
 
     input_shape = (2,)
@@ -73,13 +75,12 @@ class Toy2DDataModule(ClassificationDataModule):
         noise: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        if name not in TOY_SETS:
+        if name not in tuple(TOY_SETS):
             raise ValueError(f"`name` can be {', '.join(TOY_SETS)}, got {name!r}")
-        if n_samples < 2:
-            raise ValueError(f"`n_samples` must be at least 2, got {n_samples}")
-        if noise < 0:
-            raise ValueError(f"`noise` must be non-negative, got {noise}")
+        n_samples = check_count("n_samples", n_samples, 2, 1000)
+        noise = check_real("noise", noise, 0.1)
+        super().__init__(**kwargs)
+        check_count("seed", self.seed, 0, 0, high=2**32 - 1)  # numpy's RandomState, which generates the data
         self.name, self.n_samples, self.noise = name, n_samples, noise
 
     def _load(self) -> tuple[Tensor, Tensor, None]:
@@ -100,15 +101,14 @@ class QuadrantDataModule(ClassificationDataModule):
         **kwargs: Arguments of :class:`~lightning_nsv.datamodules.base.ClassificationDataModule`.
 
     Raises:
+        TypeError: On a non-integer ``n_samples`` or ``dim``.
         ValueError: On fewer than 2 samples or ``dim`` < 1.
     """
 
     def __init__(self, n_samples: int = 1000, dim: int = 2, **kwargs: Any) -> None:
+        n_samples = check_count("n_samples", n_samples, 2, 1000)
+        dim = check_count("dim", dim, 1, 2)
         super().__init__(**kwargs)
-        if n_samples < 2:
-            raise ValueError(f"`n_samples` must be at least 2, got {n_samples}")
-        if dim < 1:
-            raise ValueError(f"`dim` must be a positive integer, got {dim}")
         self.n_samples, self.dim, self.input_shape = n_samples, dim, (dim,)
 
     def _load(self) -> tuple[Tensor, Tensor, None]:
