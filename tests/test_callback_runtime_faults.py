@@ -23,25 +23,36 @@ def test_precisions_that_change_the_modules_dtype_are_analysed(tmp_path, precisi
     assert callback.result_path is not None and callback.result_path.exists()
 
 
+def _refused_before_training(tmp_path, save_dir, error, match):
+    model = Classifier()
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(error, match=match):
+        _fit(tmp_path, model, *_data(), callback=NetworkSupportVectors(save_dir=str(save_dir)))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any step
+
+
+def test_a_save_dir_that_is_a_file_is_refused_before_training(tmp_path):
+    path = tmp_path / "results"
+    path.write_text("not a directory")
+    _refused_before_training(tmp_path, path, NotADirectoryError, r"`save_dir='.*results'` is an existing file, so no "
+                                                                 r"result could be saved there after training; name a "
+                                                                 r"directory")
+    assert path.read_text() == "not a directory" and _no_results(tmp_path)
+
+
 def test_a_save_dir_under_a_file_is_refused_before_training(tmp_path):
     blocker = tmp_path / "results"
     blocker.write_text("a file")
-    model = Classifier()
-    before = [p.clone() for p in model.parameters()]
-    with pytest.raises(NotADirectoryError, match=r"`save_dir='.*results/nsv'` lies under the existing file "
-                                                 r".*results, so no result could be saved there after training"):
-        _fit(tmp_path, model, *_data(), callback=NetworkSupportVectors(save_dir=str(blocker / "nsv")))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    _refused_before_training(tmp_path, blocker / "nsv", NotADirectoryError,
+                             r"`save_dir='.*results/nsv'` lies under the existing file .*results, so no result could "
+                             r"be saved there after training")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
 def test_a_save_dir_that_cannot_be_created_is_refused_before_training(tmp_path):
-    model = Classifier()
-    before = [p.clone() for p in model.parameters()]
-    with pytest.raises(PermissionError, match=r"`save_dir='/proc/nsv_results'` cannot be created: /proc takes no "
-                                              r"new folder .*name a writable directory"):
-        _fit(tmp_path, model, *_data(), callback=NetworkSupportVectors(save_dir="/proc/nsv_results"))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    _refused_before_training(tmp_path, "/proc/nsv_results", PermissionError,
+                             r"`save_dir='/proc/nsv_results'` cannot be created: /proc takes no new folder .*name a "
+                             r"writable directory")
 
 
 class TupleOutput(Classifier):

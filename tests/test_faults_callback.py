@@ -56,18 +56,6 @@ def test_a_head_with_zero_hidden_units_is_refused(tmp_path):
     assert _no_results(tmp_path)
 
 
-def test_a_save_dir_that_is_a_file_is_refused_before_training(tmp_path):
-    path = tmp_path / "results"
-    path.write_text("not a directory")
-    model = Classifier()
-    before = [p.clone() for p in model.parameters()]
-    with pytest.raises(NotADirectoryError, match=r"`save_dir='.*results'` is an existing file, so no result could be "
-                                                 r"saved there after training; name a directory"):
-        _fit(tmp_path, model, *_data(), callback=NetworkSupportVectors(save_dir=str(path)))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any step
-    assert path.read_text() == "not a directory" and _no_results(tmp_path)
-
-
 class Validated(Classifier):
     def validation_step(self, batch, batch_idx):
         pass
