@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.analysis import assumption31_checks, escape_path, psi_spectrum
+from lightning_nsv.analysis import assumption31_checks, escape_path, loss_surface_2d, psi_spectrum
 from lightning_nsv.callbacks import LossValleyMonitor, PsiRankMonitor
 from lightning_nsv.errors import NonFiniteError
 
@@ -64,6 +64,26 @@ def test_escape_path_takes_a_large_finite_eps():
 def test_assumption31_refuses_a_bare_string():
     with pytest.raises(TypeError, match=r"`activations` must be a sequence of names, e\.g\. \['sigmoid'\]"):
         assumption31_checks("sigmoid", 100, torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("num_units, error", [(-1, ValueError), (0, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_assumption31_refuses_a_unit_count_that_is_no_positive_integer(num_units, error):
+    with pytest.raises(error, match=r"`num_units` must be a positive integer \(M, the skip units\)"):
+        assumption31_checks(["sigmoid"], num_units, torch.randn(5, 3))
+    assert assumption31_checks(["sigmoid"], np.int64(5), torch.randn(5, 3)).m_ge_n
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(span=float("inf")), ValueError, r"`span` must be > 0, got inf"),
+    (dict(span=0.0), ValueError, r"`span` must be > 0, got 0.0"),
+    (dict(span="1"), TypeError, r"`span` must be a real number"),
+    (dict(num_points=2.5), TypeError, r"`num_points` must be an integer >= 2, got 2.5"),
+    (dict(num_points=1), ValueError, r"`num_points` must be an integer >= 2, got 1"),
+])
+def test_loss_surface_2d_refuses_a_grid_it_cannot_draw(options, error, message):
+    weight = torch.nn.Parameter(torch.randn(3))
+    with pytest.raises(error, match=message):
+        loss_surface_2d(lambda: float((weight ** 2).sum()), [weight], **options)
 
 
 def test_assumption31_names_are_case_insensitive():

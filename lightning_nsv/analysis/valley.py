@@ -15,7 +15,6 @@ numbers go. All of them are about the mean cross-entropy loss.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,7 +24,7 @@ from torch import Tensor
 
 from lightning_nsv.analysis.psi import as_matrix64, check_finite
 from lightning_nsv.analysis.result import AnalysisResult
-from lightning_nsv.solver.options import is_count
+from lightning_nsv.solver.options import check_positive, is_count
 
 LOG2 = math.log(2.0)
 #: Assumption 3.1.1: real analytic and strictly increasing.
@@ -235,7 +234,7 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_po
         raise ValueError(f"`targets` must be integer class labels in 0..{k - 1}, got {labels[y != labels][0].item():g}")
     if (y < 0).any() or (y >= k).any():
         raise ValueError(f"`targets` must be class indices in 0..{k - 1}, got range [{int(y.min())}, {int(y.max())}]")
-    _check_positive("eps", eps, " (the loss at V* is eps/2)")
+    check_positive("eps", eps, " (the loss at V* is eps/2)")
     if not is_count(num_points) or num_points < 2:
         raise (ValueError if is_count(num_points) else TypeError)(
             f"`num_points` must be >= 2 (both endpoints) and an integer, got {num_points!r}")
@@ -248,13 +247,6 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_po
         check_finite(values, name)  # lstsq on NaN fails inside LAPACK
     return psi, V, y, b.cpu()
 
-
-def _check_positive(name: str, value: Any, why: str = "") -> None:
-    """Refuse a ``value`` that is not a real number in (0, inf), naming it; ``why`` follows "> 0" in the message."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
-    if not 0 < value < math.inf:
-        raise ValueError(f"`{name}` must be > 0{why}, got {value}; valid: 0 < {name} < inf")
 
 
 # ----------------------------------------------------------------------------------------- Assumption 3.1
@@ -330,8 +322,8 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
         inputs: The N training inputs, samples along dim 0.
 
     Raises:
-        TypeError: If ``activations`` is a single string, not a sequence of names.
-        ValueError: If ``activations`` is empty or ``inputs`` holds no sample.
+        TypeError: If ``activations`` is a single string, not a sequence of names, or ``num_units`` no integer.
+        ValueError: If ``activations`` is empty, ``num_units < 1`` or ``inputs`` holds no sample.
 
     Example::
 
@@ -344,6 +336,9 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
     names = tuple(dict.fromkeys(str(a).lower() for a in activations))
     if not names:
         raise ValueError("`activations` must name at least one hidden activation, got none")
+    if not is_count(num_units) or num_units < 1:
+        raise (ValueError if is_count(num_units) else TypeError)(
+            f"`num_units` must be a positive integer (M, the skip units), got {num_units!r}")
     dup = count_duplicates(inputs)
     n = torch.as_tensor(inputs).shape[0]
     reasons = []
@@ -423,13 +418,16 @@ def loss_surface_2d(
         seed: Seed of the two directions (drawn on the CPU, so device-independent).
 
     Raises:
-        ValueError: If ``params`` is empty, ``span <= 0`` or ``num_points < 2``.
+        ValueError: If ``params`` is empty, ``span`` is not in (0, inf) or ``num_points < 2``.
+        TypeError: If ``span`` is not a number or ``num_points`` not an integer.
     """
     params = list(params)
     if not params:
         raise ValueError("`params` must hold at least one parameter tensor, got none")
-    if not span > 0 or num_points < 2:
-        raise ValueError(f"`span` must be > 0 and `num_points` >= 2, got span={span}, num_points={num_points}")
+    check_positive("span", span)
+    if not is_count(num_points) or num_points < 2:
+        raise (ValueError if is_count(num_points) else TypeError)(
+            f"`num_points` must be an integer >= 2, got {num_points!r}")
     g = torch.Generator().manual_seed(seed)
     d1, d2 = ([filter_normalised_direction(p, g) for p in params] for _ in range(2))
     grid = torch.linspace(-span, span, num_points, dtype=torch.float64)

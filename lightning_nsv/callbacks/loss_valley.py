@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_nsv.analysis.valley import _check_positive
 from lightning_nsv.callbacks.dashboard import valley_charts
 from lightning_nsv.callbacks.nsv_checks import _check_integer
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
@@ -17,7 +16,7 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
 from lightning_nsv.psi import check_finite
-from lightning_nsv.solver.options import is_count
+from lightning_nsv.solver.options import check_positive, is_count
 from lightning_nsv.valley import (
     LOG2,
     Assumption31Checks,
@@ -168,7 +167,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         self.other_loss = other_loss
         self.other_loss_found: str | None = None
         if eps is not None:
-            _check_positive("eps", eps, " (the loss at V* is eps/2) or None for log(2)/N")
+            check_positive("eps", eps, " (the loss at V* is eps/2) or None for log(2)/N")
         for name, value, low in (("path_points", path_points, 2), ("surface_points", surface_points, 2),
                                  ("seed", seed, None)):
             if not is_count(value):
@@ -177,7 +176,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             raise ValueError(f"`path_points` must be >= 2 (both ends of the path), got {path_points}")
         if surface_points < 0 or surface_points == 1:
             raise ValueError(f"`surface_points` must be 0 (no slice) or >= 2, got {surface_points}")
-        _check_positive("surface_span", surface_span)
+        check_positive("surface_span", surface_span)
         self.eps, self.path_points, self.seed = None if eps is None else float(eps), int(path_points), int(seed)
         self.surface_points, self.surface_span = int(surface_points), float(surface_span)
         self.checks: Assumption31Checks | None = None
