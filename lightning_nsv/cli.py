@@ -327,6 +327,8 @@ class AnalysisTrainer(pl.Trainer):
 class NSVLightningCLI(LightningCLI):
     """LightningCLI with ``analyze``, ``--threads`` and no ``_instantiator`` in the logged hyperparameters."""
 
+    _checkpoint: dict[str, Any] | None = None  # the --ckpt_path that parse_arguments read
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}}
@@ -355,7 +357,7 @@ class NSVLightningCLI(LightningCLI):
         if ckpt_path is None or (subcommand != "analyze" and (
                 str(ckpt_path).split(":")[0] in _LIGHTNING_CKPT_NAMES or "://" in str(ckpt_path))):
             return
-        checkpoint = read_checkpoint(ckpt_path)
+        checkpoint = self._checkpoint = read_checkpoint(ckpt_path)
         if subcommand in ("analyze", "fit"):  # validate and test may use other data on purpose
             _check_against_config(checkpoint, config, str(ckpt_path), subcommand)
         if subcommand == "analyze":
@@ -363,11 +365,11 @@ class NSVLightningCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads a checkpoint's hyperparameters as the model's config; those of a fit outside the command
-        line name no class, so they become init args of the model class the command names."""
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        found = read_checkpoint(ckpt_path) if ckpt_path and Path(ckpt_path).is_file() else {}
+        line name no class, so they become init args of the model class the command names (the checkpoint as
+        :meth:`parse_arguments` read it)."""
+        found = self._checkpoint or {}
         hparams = {key: value for key, value in found.get("hyper_parameters", {}).items() if key != "_instantiator"}
+        subcommand = self.config.get("subcommand")
         model = self.config[subcommand].get("model") if hparams and "_class_path" not in hparams else None
         if model is None or model.get("class_path") is None:
             return super()._parse_ckpt_path()
