@@ -13,7 +13,7 @@ from tests.test_pair_network import CASES, inputs, randomise_bn, relative
 def both(module, x, **kwargs):
     graph = trace(module, x)
     gates = compute_gates(graph, x)
-    fast = PairNetworkColumns(graph, x, gates, factored=True, **kwargs)
+    fast = PairNetworkColumns(graph, x, gates, factored=True, engine="reference", **kwargs)
     fast.factored_min_side = 1  # every block factored, however small
     return fast, PairNetworkColumns(graph, x, gates, factored=False, collapse=False, **kwargs)
 
@@ -134,7 +134,7 @@ def test_blocks_keep_their_budgets(monkeypatch):
     graph = trace(net, x)
     gates = compute_gates(graph, x)
     budget = 8 * graph.peak_elements * 20  # 20 pairs a plain block
-    fast = PairNetworkColumns(graph, x, gates, memory_bytes=budget)
+    fast = PairNetworkColumns(graph, x, gates, memory_bytes=budget, engine="reference")
     plain = PairNetworkColumns(graph, x, gates, memory_bytes=budget, factored=False, collapse=False)
     sizes = []
     original = PairNetworkColumns.pairs

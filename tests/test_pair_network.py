@@ -83,7 +83,7 @@ def check_against_enumeration(module: nn.Module, x: torch.Tensor) -> dict[str, f
 
 
 def _norm_outputs(graph):
-    from lightning_nsv.kernel.pair_network import _norm
+    from lightning_nsv.kernel.path_norm import _norm
     return _norm(graph).reshape(-1).cpu()
 
 

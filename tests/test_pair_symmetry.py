@@ -291,7 +291,7 @@ def test_requests_split_evenly_so_no_tile_is_narrow(monkeypatch):
     net = cnn(0.0).eval()
     x = inputs((1, 8, 8), n=40, seed=2)
     graph = trace(net, x)
-    columns = PairNetworkColumns(graph, x, compute_gates(graph, x), cache_bytes=0,
+    columns = PairNetworkColumns(graph, x, compute_gates(graph, x), cache_bytes=0, engine="reference",
                                  memory_bytes=50 * 8 * graph.peak_elements)  # 50 plain pairs, tiles of 20 columns
     _, width = columns._tile_shape(len(x), len(x))
     assert width == 20

@@ -68,6 +68,7 @@ class PiecewiseGraph:
     peak_elements: int  # float64 values alive at once per sample (a pair) in a run, with headroom for temporaries
     chain: tuple[list[R.Linear], list[R.Gate]] | None = None
     dynamic: frozenset[str] = frozenset()  # nodes whose value depends on the input (the placeholder included)
+    pair_program: Any = None  # the compiled pair network (kernel.fused.pair_program), or why it cannot be
 
     @property
     def num_outputs(self) -> int:

@@ -21,6 +21,8 @@ from lightning_nsv.kernel.factored import channel_overlap, run_factored
 from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
+from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
+from lightning_nsv.kernel.path_norm import output_gram, path_norm_squared
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
@@ -198,7 +200,7 @@ class PairNetworkColumns(KernelColumns):
 
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
                  fast: bool = True, collapse: bool = True, factored: bool = True,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, engine: str = "auto") -> None:
         if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
             raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                              f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
@@ -208,6 +210,20 @@ class PairNetworkColumns(KernelColumns):
         self.cache = ColumnCache(len(self.x), cache_bytes, graph.device)
         self.pairs_evaluated = 0
         self._chain = None
+        self.fused: FusedPairs | None = None
+        self.engine = "plain torch"  # how entries are computed, for reports
+        if fast and graph.chain is not None:
+            self.engine = "Linear chain (§1's factorised kernel)"
+        elif engine != "reference" and factored and collapse:
+            try:
+                self.fused = fuse(graph, self.x, gates, engine)
+                self.engine = f"fused pair program ({self.fused.engine})"
+            except NotFusable as why:
+                if engine != "auto":
+                    raise
+                self.engine = f"factored torch (not fused: {why})"
+        elif factored and collapse:
+            self.engine = "factored torch"
         if fast and graph.chain is not None:
             linears, layers = graph.chain
             slopes = [_slopes(gates.bits[g.name], g.beta, g.gamma) for g in layers]
@@ -230,8 +246,13 @@ class PairNetworkColumns(KernelColumns):
     def pairs(self, a: Tensor, b: Tensor, outer: bool = False) -> Tensor:
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
-        ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
         self.pairs_evaluated += len(a) * len(b) if outer else len(a)
+        if self.fused is not None:
+            out = (self.fused.outer(a, b) if outer else self.fused.aligned(a, b)).reshape(-1)
+            if not torch.isfinite(out).all():
+                raise NonFiniteError("the pair network gave a non-finite kernel value")
+            return out
+        ctx = _PairContext(self.graph, self.gates, a, b, outer, self.collapse)
         # the factored network's per-sample work (len(a) + len(b) samples a block) pays only in blocks of many rows
         # and columns; aligned pairs (the diagonal) gain nothing
         if self.factored and outer and min(len(a), len(b)) >= self.factored_min_side:
@@ -286,6 +307,8 @@ class PairNetworkColumns(KernelColumns):
     def _tile_shape(self, rows: int, cols: int) -> tuple[int, int]:
         """The pairs and the columns of a tile of ``_tiles`` on ``rows × cols`` pairs (the columns also make a chunk
         of new columns of ``columns_tensor``)."""
+        if self.fused is not None:  # the new columns of a call go 16 at a time (rows read from earlier chunks)
+            return rows * cols, min(cols, 16)
         budget = self.pairs_per_block
         if self.factored and min(rows, cols) >= self.factored_min_side:
             budget *= self.factored_block_scale
@@ -297,6 +320,8 @@ class PairNetworkColumns(KernelColumns):
         """``K[rows][:, cols]`` by blocks of at most ``pairs_per_block`` pairs (``factored_block_scale`` times as
         many for blocks of the factored network), at least ``factored_min_side`` rows where the budget allows (the
         factored network's per-sample work then pays)."""
+        if self.fused is not None:  # one call: its runner blocks the pairs for the cache itself
+            return self.pairs(rows, cols, outer=True).view(len(rows), len(cols))
         out = torch.empty(len(rows), len(cols), dtype=torch.float64, device=self.device)
         budget, width = self._tile_shape(len(rows), len(cols))
         height = max(1, budget // width)
@@ -342,65 +367,9 @@ class PairNetworkColumns(KernelColumns):
         if self._chain is not None:
             flat, slopes, _, _, bias = self._chain
             return path_kernel_diagonal(flat, slopes, bias=bias)
-        parts = [self.pairs(rows, rows) for rows in torch.arange(len(self), device=self.device)
-                 .split(self.pairs_per_block)]
+        step = len(self) if self.fused is not None else self.pairs_per_block
+        parts = [self.pairs(rows, rows) for rows in torch.arange(len(self), device=self.device).split(max(1, step))]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
-
-
-def _norm(graph: PiecewiseGraph, capture: str | None = None) -> Tensor:
-    ones = torch.ones(1, *graph.input_shape, dtype=torch.float64, device=graph.device)
-    out = run(graph, ones, "norm", capture=capture)
-    if not torch.isfinite(out).all():
-        raise NonFiniteError("the path norm is not finite")
-    return out
-
-
-def path_norm_squared(graph: PiecewiseGraph) -> float:
-    """``||wbar||²`` (DESIGN.md §2c): the network with every weight squared, gates 1, shifts ``b²``, run on ones;
-    a fixed map (average pool, mean, ``c·x``) passes with coefficient 1 on each of its edges, since its constants
-    are in ``phi``, not in ``wbar`` (§2c's sentence "every fixed constant squared" is wrong; the enumeration tests
-    confirm this). One output only (see :func:`output_gram` for ``K``)."""
-    if graph.num_outputs != 1:
-        raise ValueError(f"path_norm_squared needs 1 output, the network has {graph.num_outputs}: use output_gram")
-    return float(_norm(graph).reshape(-1)[0])
-
-
-def output_gram(graph: PiecewiseGraph) -> Tensor:
-    """``G_kl = <wbar_k, wbar_l>`` (DESIGN.md §2b, §2c), ``(K, K)``: ``Σ_j A[k, j] A[l, j] M_j + c_k c_l`` for the
-    last Linear ``A``, ``c`` and ``M`` the norm network's value at its inputs. The network's output must be that
-    Linear's (up to reshapes)."""
-    last = _last_linear(graph)
-    if last is None:
-        if graph.num_outputs == 1:
-            return torch.tensor([[path_norm_squared(graph)]], dtype=torch.float64)
-        raise ValueError("output_gram needs a network that ends with nn.Linear (then reshapes only)")
-    node, rule = last
-    source = node.args[0]
-    mass = torch.ones(graph.input_shape, dtype=torch.float64, device=graph.device) if source.op == "placeholder" \
-        else _norm(graph, capture=source.name)
-    mass = mass.reshape(-1)
-    a = rule.weight
-    if mass.numel() != a.shape[1]:
-        raise ValueError(f"output_gram needs the last Linear applied to (n, features), got {mass.numel()} values for "
-                         f"{a.shape[1]} features")
-    gram = (a * mass) @ a.T
-    if rule.bias is not None:
-        gram = gram + rule.bias[:, None] * rule.bias[None, :]
-    return gram.cpu()
-
-
-def _last_linear(graph: PiecewiseGraph):
-    """``(node, rule)`` of the Linear whose output, through reshapes only, is the network's; else ``None``."""
-    node = next(n for n in graph.nodes if n.op == "output").args[0]
-    while node.name in graph.rules:
-        rule = graph.rules[node.name]
-        if isinstance(rule, R.Linear):
-            return node, rule
-        dynamic = [a for a in node.all_input_nodes if a.name in graph.dynamic]
-        if not isinstance(rule, (R.Passthrough, R.Squeeze, R.Identity)) or len(dynamic) != 1:
-            return None
-        node = dynamic[0]
-    return None
 
 
 @dataclass(frozen=True)

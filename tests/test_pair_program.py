@@ -1,0 +1,193 @@
+"""The compiled pair program (lightning_nsv.kernel.pair_program, pair_engines, fused) against the plain pair network
+and against enumerated paths (DESIGN.md §2c)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
+from lightning_nsv.kernel import pair_engines
+from lightning_nsv.kernel.fused import fuse
+from lightning_nsv.kernel.pair_factors import sample_factors
+from lightning_nsv.kernel.pair_program import NotFusable, compile_pair_program
+from lightning_nsv.models.residual import SmallResNet
+from tests.test_pair_factored import _InputFirst
+from tests.test_pair_network import CASES, check_against_enumeration, inputs, one_thread, randomise_bn, relative  # noqa: F401
+
+TOL = 1e-12
+pytestmark = pytest.mark.skipif(not pair_engines.numba_available(), reason="numba is not installed")
+
+
+class DenseTransition(nn.Module):
+    """DenseNet-style: the input joined with a conv branch, an average pool read by BatchNorm and a gate (the pool
+    split over its windows' entries), a flatten and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(5), nn.Linear(5 * 16, 1)
+
+    def forward(self, x):
+        h = torch.cat([x, F.relu(self.conv(x))], 1)
+        h = F.relu(self.bn(F.avg_pool2d(h, 2)))
+        return self.head(h.flatten(1)).squeeze(1)
+
+
+class Depthwise(nn.Module):
+    """MobileNet-style: a depthwise convolution of a gated value, a pointwise one, a channel slice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.depthwise, self.pointwise = nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(2 * 64, 2)
+
+    def forward(self, x):
+        h = F.relu(self.depthwise(F.relu(self.bn(self.stem(x)))))
+        return self.head(torch.flatten(F.relu(self.pointwise(h)[:, :2]), 1))
+
+
+class FlatInput(nn.Module):
+    """A flat input viewed as an image, a per-channel gain buffer, a permuted flatten."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(2, 3, 3, padding=1), nn.Linear(3 * 36, 1)
+        self.register_buffer("gain", torch.tensor([2.0, -0.5, 1.5]).view(1, 3, 1, 1))
+
+    def forward(self, x):
+        h = self.gain * F.relu(self.conv(x.view(x.size(0), 2, 6, 6)))
+        return self.head(h.permute(0, 2, 3, 1).flatten(1)).squeeze(1)
+
+
+EXTRA = {
+    "input_first": (_InputFirst, (2, 8, 8)),
+    "dense_transition": (lambda: randomise_bn(DenseTransition()), (2, 8, 8)),
+    "depthwise_slice": (lambda: randomise_bn(Depthwise()), (1, 8, 8)),
+    "flat_input_gain": (FlatInput, (72,)),
+    "small_resnet_leaky": (lambda: randomise_bn(SmallResNet(2, 1, 3, (1, 2), beta=0.1)), (2, 8, 8)),
+    "small_resnet_3_stages": (lambda: randomise_bn(SmallResNet(2, 3, 4, (1, 1, 1))), (2, 8, 8)),
+}
+NOT_FUSED = {"reshapes_functional_buffers"}  # a Linear over the last dim of a 2-dim value: the factored path
+
+
+def columns(module, x, **kwargs):
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    return PairNetworkColumns(graph, x, gates, fast=False, **kwargs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(EXTRA))
+@pytest.mark.parametrize("engine", ["numba", "torch"])
+def test_fused_engines_equal_the_plain_pair_network(case, engine):
+    torch.manual_seed(0)
+    make, shape = {**CASES, **EXTRA}[case]
+    module, x = make().eval(), inputs(shape, n=7)
+    plain = columns(module, x, factored=False, collapse=False)
+    if case in NOT_FUSED:
+        with pytest.raises(NotFusable, match="Linear over the last dim"):
+            columns(module, x, engine=engine)
+        assert columns(module, x).engine.startswith("factored torch (not fused: ")
+        return
+    fused = columns(module, x, engine=engine)
+    assert fused.engine == f"fused pair program ({engine})"
+    every = list(range(len(x)))
+    assert relative(fused.columns_tensor(every), plain.columns_tensor(every)) < TOL
+    assert relative(fused.block([5, 1, 3]), plain.block([5, 1, 3])) < TOL
+    assert relative(fused.diagonal_tensor(), plain.diagonal_tensor()) < TOL
+
+
+@pytest.mark.parametrize("case", ["input_first", "dense_transition", "depthwise_slice", "flat_input_gain"])
+def test_new_shapes_against_enumerated_paths(case):
+    """(The ResNets of EXTRA have too many paths to enumerate; the plain pair network is their reference.)"""
+    torch.manual_seed(0)
+    make, shape = EXTRA[case]
+    check_against_enumeration(make().eval(), inputs(shape, n=3))
+
+
+def _kernel(module, x, **compile_options):
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    program = compile_pair_program(graph, **compile_options)
+    return program, sample_factors(program, graph, x, gates)
+
+
+def test_word_widths_give_the_same_kernel():
+    """Masks of 20 channels in words of 8, 16, 32 or 64 bits (several words a position, or one) count alike."""
+    torch.manual_seed(0)
+    module = randomise_bn(SmallResNet(2, 1, 20, (1, 1))).eval()
+    x = inputs((2, 8, 8), n=6)
+    rows = np.arange(6)
+    results = []
+    for bits in (8, 16, 32, 64):
+        program, factors = _kernel(module, x, word_bits=bits)
+        assert program.word_bits == bits and factors.bits.dtype.itemsize * 8 == bits
+        results.append(pair_engines.numba_outer(program, factors, rows, rows))
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+    plain = columns(module, x, factored=False, collapse=False).columns_tensor(list(rows)).numpy()
+    assert np.abs(results[0] - plain).max() <= TOL * np.abs(plain).max()
+
+
+def test_threads_and_blocks_do_not_change_the_kernel(monkeypatch):
+    """Each pair runs the same instructions whatever thread or block it falls in: equal bit for bit."""
+    torch.manual_seed(0)
+    program, factors = _kernel(randomise_bn(SmallResNet(2, 1, 4, (1, 1))).eval(), inputs((2, 8, 8), n=21))
+    rows, cols = np.arange(21), np.array([20, 3, 7, 7, 0])
+    first = pair_engines.numba_outer(program, factors, rows, cols, threads=1)
+    assert np.array_equal(first, pair_engines.numba_outer(program, factors, rows, cols, threads=2))
+    monkeypatch.setattr(pair_engines, "BLOCK_SIDE", 3)
+    assert np.array_equal(first, pair_engines.numba_outer(program, factors, rows, cols, threads=2))
+    aligned = pair_engines.numba_pairs(program, factors, np.repeat(rows, 5), np.tile(cols, 21), threads=2)
+    assert np.array_equal(first.reshape(-1), aligned)
+
+
+@st.composite
+def convolutions(draw):
+    """One convolution of any geometry (1D or 2D, stride, padding or 'same', dilation, groups, bias), a gate, an
+    optional pool, a flatten and a head."""
+    dims = draw(st.sampled_from([1, 2]))
+    size = draw(st.integers(3, 9))
+    kernel, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 2))
+    span = dilation * (kernel - 1) + 1
+    stride = draw(st.integers(1, 3))
+    padding = "same" if stride == 1 and draw(st.booleans()) else draw(st.integers(0, 2))
+    if padding != "same" and size + 2 * padding < span:
+        padding = span
+    groups = draw(st.sampled_from([1, 2]))
+    conv = (nn.Conv1d, nn.Conv2d)[dims - 1](2, 2 * groups, kernel, stride, padding, dilation, groups,
+                                             bias=draw(st.booleans()))
+    layers = [conv, draw(st.sampled_from([nn.ReLU(), nn.LeakyReLU(0.2)]))]
+    pool = draw(st.sampled_from(["none", "max", "avg"]))
+    if pool != "none":
+        layers.append((nn.MaxPool1d, nn.MaxPool2d)[dims - 1](2, ceil_mode=True) if pool == "max" else
+                      (nn.AvgPool1d, nn.AvgPool2d)[dims - 1](2, 1, 1))
+    shape = (2,) + (size,) * dims
+    with torch.no_grad():
+        features = nn.Sequential(*layers)(torch.zeros(1, *shape)).numel()
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(features, 1)), shape, draw(st.integers(0, 100))
+
+
+@settings(max_examples=40, deadline=None)
+@given(convolutions())
+def test_window_sums_of_any_geometry(spec):
+    module, shape, seed = spec
+    torch.manual_seed(seed)
+    x = inputs(shape, n=4, seed=seed)
+    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
+    assert fused.engine == "fused pair program (numba)"
+    every = list(range(4))
+    assert relative(fused.columns_tensor(every), plain.columns_tensor(every)) < TOL
+
+
+def test_unknown_engine_and_numba_off_the_cpu_are_refused():
+    module, x = CASES["conv_relu_linear"][0]().eval(), inputs((1, 8, 8))
+    graph = trace(module, x)
+    gates = compute_gates(graph, x)
+    with pytest.raises(ValueError, match="engine must be one of 'auto', 'numba', 'torch'"):
+        fuse(graph, x, gates, engine="gpu")
+    graph.device = torch.device("meta")
+    with pytest.raises(ValueError, match="engine='numba' runs on the CPU"):
+        fuse(graph, x, gates, engine="numba")
