@@ -12,7 +12,8 @@ from torch import Tensor
 
 from lightning_nsv.kernel.pair_engines import numba_available, numba_outer, numba_pairs, torch_pairs
 from lightning_nsv.kernel.pair_factors import SampleFactors, factor_bytes, sample_factors
-from lightning_nsv.kernel.pair_program import NotFusable, PairProgram, compile_pair_program
+from lightning_nsv.kernel.pair_code import NotFusable, PairProgram
+from lightning_nsv.kernel.pair_program import compile_pair_program
 
 __all__ = ["ENGINES", "FusedPairs", "NotFusable", "fuse", "pair_program"]
 

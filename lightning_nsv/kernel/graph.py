@@ -144,7 +144,7 @@ class _Recorder:
 
 def run(graph: PiecewiseGraph, x: Tensor, mode: str, ctx=None, capture: str | None = None,
         after=None) -> Tensor:
-    """Evaluate ``graph`` on ``x`` in ``mode`` (``forward``, ``pair`` or ``norm``, see :mod:`rules`); with
+    """Evaluate ``graph`` on ``x`` in ``mode`` (``forward``, ``pair``, ``norm`` or ``program``, see :mod:`rules`); with
     ``capture`` the value of that node instead of the output; ``after(node, args, value)`` sees every call."""
     env: dict[fx.Node, Any] = {}
     for i, node in enumerate(graph.nodes):
@@ -162,6 +162,8 @@ def run(graph: PiecewiseGraph, x: Tensor, mode: str, ctx=None, capture: str | No
                 value = rule.forward(args, kwargs, ctx)
             elif mode == "pair":
                 value = rule.pair(args, kwargs, ctx)
+            elif mode == "program":
+                value = rule.program(args, kwargs, ctx)
             else:
                 value = rule.norm(args, kwargs)
             if after is not None:

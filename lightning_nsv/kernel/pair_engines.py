@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_factors import SampleFactors
-from lightning_nsv.kernel.pair_program import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_BITS,
-                                               OVERLAP_DENSE, SCALE, SPMV, SUM, PairProgram)
+from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_BITS, OVERLAP_DENSE,
+                                            SCALE, SPMV, SUM, PairProgram)
 
 __all__ = ["numba_available", "numba_outer", "numba_pairs", "torch_pairs"]
 

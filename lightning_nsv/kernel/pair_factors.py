@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.kernel.pair_program import PairProgram, Recipe, recipe_scale
+from lightning_nsv.kernel.pair_code import PairProgram, Recipe, recipe_scale
 
 __all__ = ["SampleFactors", "sample_factors"]
 

@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits
 from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_parts, symmetric_block
 from lightning_nsv.kernel.factored import channel_overlap, run_factored

@@ -8,6 +8,9 @@ Every rule evaluates its operation in three modes, on the values of its (fx-mapp
   both samples select.
 - ``norm``: the *norm network* (run on ones): every weight squared, every fixed map with coefficient 1 on each of
   its edges, gates 1, max pools pass every window unit, a shift ``b`` adds ``b²`` — its output is ``||wbar||²``.
+- ``program``: the pair network's own form in the compiled pair program (symbolic values; ``ctx`` is the
+  :class:`~lightning_nsv.kernel.pair_program.ProgramContext` that writes it); an operation without one raises
+  :class:`~lightning_nsv.kernel.pair_code.NotFusable`.
   Fixed constants (1/k of an average, c of ``c·x``) are in ``phi`` (§2c table), so ``wbar`` has 1 on their edges;
   DESIGN.md §2c's "every fixed constant squared" would belong with constants in ``wbar`` and a kernel without
   them (the enumerated paths decide: ``||wbar||²`` of the enumeration matches this rule).
@@ -17,13 +20,16 @@ The batch dimension (0) holds samples, pairs of samples or the single all-ones i
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Rule"]
+from lightning_nsv.kernel.pair_code import NotFusable
+from lightning_nsv.kernel.windows import box_sum, conv2d_by_shifts
+
+__all__ = ["Rule", "box_sum", "conv2d_by_shifts"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -51,17 +57,32 @@ class Rule:
     def norm(self, args, kwargs):
         return self.call(args, kwargs)
 
+    def program(self, args, kwargs, ctx):
+        raise NotFusable(f"{self.where}: {type(self).__name__} has no form in the pair program")
+
 
 class Passthrough(Rule):
-    """Reshapes, concatenation, sums of branches, identity, dropout in eval: the same operation in every mode."""
+    """Reshapes, concatenation, sums of branches, identity, dropout in eval: the same operation in every mode.
+    ``shape_kind`` says what it does to the entries (``view``: same order, ``permute``, ``select``: indexing,
+    ``join``: concatenation, ``stack``); ``name`` is its fx node's."""
 
     kind = "shape"
+
+    def __init__(self, where: str, call, shape_kind: str | None = None, name: str | None = None) -> None:
+        super().__init__(where, call)
+        self.shape_kind, self.name = shape_kind, name
+
+    def program(self, args, kwargs, ctx):
+        return ctx.reshape(self, args, kwargs)
 
 
 class Meta(Rule):
     """Sizes and integer arithmetic on them (``x.size(0)``): evaluated as written, in every mode."""
 
     kind = "meta"
+
+    def program(self, args, kwargs, ctx):
+        return None  # sizes are read by shape operations, whose output shapes the probe knows
 
 
 class Identity(Rule):
@@ -70,6 +91,9 @@ class Identity(Rule):
     def __init__(self, where: str) -> None:
         super().__init__(where, lambda args, kwargs: args[0])
 
+    def program(self, args, kwargs, ctx):
+        return args[0]
+
 
 class Squeeze(Passthrough):
     """``squeeze()`` without a dim: squeezes the non-batch dims of size 1 in the probe (never the batch dim)."""
@@ -77,7 +101,7 @@ class Squeeze(Passthrough):
     dims: tuple[int, ...] | None = None
 
     def __init__(self, where: str) -> None:
-        super().__init__(where, self._squeeze)
+        super().__init__(where, self._squeeze, "view")
 
     def _squeeze(self, args, kwargs):
         x = args[0]
@@ -98,6 +122,9 @@ class BranchSum(Rule):
 
     def norm(self, args, kwargs):
         return args[0] + args[1]
+
+    def program(self, args, kwargs, ctx):
+        return ctx.branch_sum(self, args[0], args[1])
 
 
 class Gate(Rule):
@@ -126,87 +153,8 @@ class Gate(Rule):
     def norm(self, args, kwargs):
         return args[0]
 
-
-def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Sequence[int],
-            dilation: Sequence[int], out_size: Sequence[int]) -> Tensor:
-    """Window sums of each channel of ``v`` (``(B, C, *spatial)``): zero padding ``left`` before each spatial dim (as
-    much as needed after it), ``out_size`` windows per dim. Separable: per dim, a sum of ``k`` strided slices (a
-    float64 convolution with a ones kernel is several times slower on a CPU); a dim of stride 1 adds the slices that
-    overlap the input without forming the padded copy."""
-    if all(s == 1 for s in stride):
-        for d in range(len(kernel)):
-            v = _box_line(v, 2 + d, kernel[d], dilation[d], left[d], out_size[d])
-        return v
-    pads: list[int] = []
-    for d in reversed(range(len(kernel))):  # F.pad lists the last dim first
-        need = (out_size[d] - 1) * stride[d] + dilation[d] * (kernel[d] - 1) + 1
-        pads += [left[d], max(0, need - v.shape[2 + d] - left[d])]
-    if any(pads):
-        v = F.pad(v, pads)
-    for d in range(len(kernel)):
-        axis, length = 2 + d, (out_size[d] - 1) * stride[d] + 1
-        step = (slice(None),) * axis + (slice(None, None, stride[d]),)
-        total = None
-        for i in range(kernel[d]):
-            part = v.narrow(axis, i * dilation[d], length)[step]
-            total = part.clone() if total is None else total.add_(part)
-        v = total
-    return v
-
-
-def conv2d_by_shifts(x: Tensor, weight: Tensor, bias: Tensor | None, pad: Sequence[int]) -> Tensor:
-    """A stride-1 2D convolution with zero padding ``pad``, as one GEMM ``(L, C_in) @ (C_in, C_out)`` per kernel
-    offset over the padded images, channels last and flattened: the output at row ``r`` reads rows ``r + i·W + j``,
-    which stay within ``r``'s image for every position kept (float64 on a CPU: several times faster than torch's
-    convolution, equal up to the order of the sums)."""
-    n, _, h, w = x.shape
-    c_out, _, kh, kw = weight.shape
-    big_h, big_w = h + 2 * pad[0], w + 2 * pad[1]
-    out_h, out_w = big_h - kh + 1, big_w - kw + 1
-    flat = F.pad(x, (pad[1], pad[1], pad[0], pad[0])).permute(0, 2, 3, 1).reshape(n * big_h * big_w, -1)
-    rows = (n - 1) * big_h * big_w + (out_h - 1) * big_w + out_w  # the last kept output is row rows - 1
-    out = x.new_empty(n * big_h * big_w, c_out)
-    for i in range(kh):
-        for j in range(kw):
-            part, taps = flat[i * big_w + j:i * big_w + j + rows], weight[:, :, i, j].T
-            torch.mm(part, taps, out=out[:rows]) if i == j == 0 else out[:rows].addmm_(part, taps)
-    out = out.view(n, big_h, big_w, c_out)[:, :out_h, :out_w].permute(0, 3, 1, 2).contiguous()
-    return out if bias is None else out.add_(bias.view(1, -1, 1, 1))
-
-
-def _box_line(v: Tensor, axis: int, k: int, dilation: int, left: int, out: int) -> Tensor:
-    """Stride-1 window sums along ``axis``: ``out[i] = Σ_t v[i + t·dilation - left]`` over the entries inside ``v``;
-    a slice that covers every output starts the sum (no zero fill of the borders, a strided write along the last
-    dim)."""
-    n = v.shape[axis]
-    spans = []  # (lo, hi, offset): outputs lo..hi-1 read v at i + offset
-    for t in range(k):
-        offset = t * dilation - left
-        lo, hi = max(0, -offset), min(out, n - offset)
-        if hi > lo:
-            spans.append((lo, hi, offset))
-    if not spans:
-        return v.new_zeros((*v.shape[:axis], out, *v.shape[axis + 1:]))
-    spans.sort(key=lambda span: span[1] - span[0] < out)  # a full span first, if there is one
-    lo, hi, offset = spans[0]
-    shape = (*v.shape[:axis], out, *v.shape[axis + 1:])
-    rest = spans[1:]  # the spans added after the first
-    if hi - lo == out and rest:  # the full span and the next one summed in one pass
-        full, (lo, hi, offset), rest = v.narrow(axis, offset, out), rest[0], rest[1:]
-        total = v.new_empty(shape)
-        torch.add(full.narrow(axis, lo, hi - lo), v.narrow(axis, lo + offset, hi - lo),
-                  out=total.narrow(axis, lo, hi - lo))
-        for start, stop in ((0, lo), (hi, out)):  # the border entries of the full span alone
-            if stop > start:
-                total.narrow(axis, start, stop - start).copy_(full.narrow(axis, start, stop - start))
-    elif hi - lo == out:
-        total = v.narrow(axis, offset, out).clone()
-    else:
-        total = v.new_zeros(shape)
-        total.narrow(axis, lo, hi - lo).copy_(v.narrow(axis, lo + offset, hi - lo))
-    for lo, hi, offset in rest:
-        total.narrow(axis, lo, hi - lo).add_(v.narrow(axis, lo + offset, hi - lo))
-    return total
+    def program(self, args, kwargs, ctx):
+        return ctx.gate(self, args[0])
 
 
 class Linear(Rule):
@@ -227,6 +175,9 @@ class Linear(Rule):
 
     def norm(self, args, kwargs):
         return F.linear(args[0], self.weight ** 2, None if self.bias is None else self.bias ** 2)
+
+    def program(self, args, kwargs, ctx):
+        return ctx.linear(self, args[0])
 
 
 class Conv(Rule):
@@ -282,6 +233,9 @@ class Conv(Rule):
     def norm(self, args, kwargs):
         return self._conv(args[0], self.weight ** 2, None if self.bias is None else self.bias ** 2)
 
+    def program(self, args, kwargs, ctx):
+        return ctx.conv(self, args[0])
+
 
 class BatchNorm(Rule):
     """BatchNorm in eval mode: ``a·z + b``, ``a = γ/√(var+ε)`` a parameter edge, ``b = β − a·mean`` a shift."""
@@ -305,6 +259,9 @@ class BatchNorm(Rule):
     def norm(self, args, kwargs):
         z = args[0]
         return z * self._channel(self.scale ** 2, z) + self._channel(self.shift ** 2, z)
+
+    def program(self, args, kwargs, ctx):
+        return ctx.shift(self, args[0])
 
 
 class FixedMap(Rule):
@@ -330,6 +287,9 @@ class FixedMap(Rule):
 
     def norm(self, args, kwargs):
         return self.call(args, kwargs) * self.inverse
+
+    def program(self, args, kwargs, ctx):
+        return ctx.fixed_map(self, args, kwargs)
 
 
 def window_coefficient(pool: Callable[[Tensor], Tensor], in_shape: tuple[int, ...], device) -> Tensor:
@@ -364,6 +324,9 @@ class ParamScale(Rule):
         x = args[self.position]
         return x / self.param ** 2 if self.divide else x * self.param ** 2
 
+    def program(self, args, kwargs, ctx):
+        return ctx.same_shape(self, args[self.position])
+
 
 class Shift(Rule):
     """``x ± b`` or ``b − x`` for a parameter, buffer or number ``b`` (broadcast): a path starts at every unit it
@@ -381,6 +344,9 @@ class Shift(Rule):
 
     def norm(self, args, kwargs):
         return args[self.position] + self.value ** 2
+
+    def program(self, args, kwargs, ctx):
+        return ctx.shift(self, args[self.position])
 
 
 class MaxPool(Rule):
@@ -407,6 +373,9 @@ class MaxPool(Rule):
 
     def norm(self, args, kwargs):
         return self.window_sum(args[0], self.out_shape)
+
+    def program(self, args, kwargs, ctx):
+        return ctx.max_pool(self, args[0])
 
     def candidates(self, device) -> tuple[Tensor, Tensor]:
         """The units of each output's window within a channel's plane (flat indices), ``(outputs, k)`` int64,

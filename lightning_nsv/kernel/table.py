@@ -216,10 +216,8 @@ class Classifier:
             return self.adaptive_max_pool(node, where, int(type(m).__name__[-2]), m.output_size)
         if isinstance(m, _AVG_MODULES):
             return self.average_pool(where, _caller(node, self.gm), lambda x: m(x))
-        if isinstance(m, nn.Flatten):
-            return R.Passthrough(where, _caller(node, self.gm))
-        if isinstance(m, nn.Unflatten):
-            return R.Passthrough(where, _caller(node, self.gm))
+        if isinstance(m, (nn.Flatten, nn.Unflatten)):
+            return R.Passthrough(where, _caller(node, self.gm), "view", node.name)
         if isinstance(m, nn.Identity):
             return R.Identity(where)
         if isinstance(m, _DROPOUTS):
@@ -346,7 +344,7 @@ class Classifier:
         call = _caller(node, self.gm)
         if target in ("squeeze", torch.squeeze) and len(node.args) == 1 and not node.kwargs:
             return R.Squeeze(where)
-        rule = R.Passthrough(where, call)
+        rule = R.Passthrough(where, call, _shape_kind(target), node.name)
         rule.bind = lambda in_shape, out_shape: _check_batch_axis(node, where, target, in_shape, out_shape)
         return rule
 
@@ -355,7 +353,7 @@ class Classifier:
         if not all(isinstance(t, fx.Node) and t in self.dynamic for t in tensors):
             raise refuse(where, "it joins input-dependent tensors with constants; add constants as a shift instead")
         dim = _arg(node, 1, "dim", 0)
-        rule = R.Passthrough(where, _caller(node, self.gm))
+        rule = R.Passthrough(where, _caller(node, self.gm), "stack" if target is torch.stack else "join", node.name)
 
         def bind(in_shape, out_shape):
             if _norm_dim(dim, len(out_shape)) == 0:
@@ -397,6 +395,12 @@ def _leaky_slopes(m: nn.Module) -> tuple[float, float] | None:
     if is_leaky_family(m):
         return m.beta, m.gamma
     return None
+
+
+def _shape_kind(target) -> str:
+    """What a shape operation does to the entries: ``view`` (same order), ``permute``, ``select`` (indexing)."""
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return "select" if target is operator.getitem else "permute" if name in ("permute", "transpose") else "view"
 
 
 def _check_batch_axis(node, where, target, in_shape, out_shape) -> None:
