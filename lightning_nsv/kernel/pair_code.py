@@ -21,6 +21,8 @@ __all__ = ["Emitter", "FactorSlot", "NotFusable", "PairProgram", "Recipe", "chan
 #                       zero padding ``left`` before it, plus value                           k, stride, dilation, left
 #   GATHER              dst[q] = s0[table[off + q]]                                       i: n, off
 #   SPMV                dst[o] = Σ_k weights[k] s0[table[k]], k in table[ptr + o] .. table[ptr + o + 1]   i: n, ptr
+#                       (the finished program's GATHER and SPMV indices are offsets into the scratch array: s0
+#                       added)
 #   SUM                 dst[0] = value · Σ s0                                             i: n
 #   CONST               dst[q] = weights[off + q]                                         i: n, off
 OVERLAP_BITS, OVERLAP_DENSE, AXPY, ADD_SCALAR, SCALE, ADD, BOX, GATHER, SPMV, SUM, CONST = range(1, 12)
@@ -169,6 +171,9 @@ class Emitter:
         moved = {old: new for new, old in enumerate(keep)}
         self.factor_rows = [moved[k] for k in self.factor_rows]
 
+    def _shift_indices(self, lo: int, hi: int, by: int) -> None:
+        self.table[lo:hi] = [int(i) + int(by) for i in self.table[lo:hi]]
+
     def finish(self, out: int, factor_layout: Callable[[int], tuple[int, int]]) -> tuple[np.ndarray, int, int]:
         """Scratch offsets for the registers (a register's space is reused once it is dead; never by the
         instruction that reads it last), the factor offsets patched in; ``(code, scratch size, out offset)``."""
@@ -199,6 +204,10 @@ class Emitter:
             for col in (1, 2, 3):
                 if code[k, col] >= 0:
                     code[k, col] = offset[int(code[k, col])]
+            if code[k, 0] == GATHER:  # the indices read the scratch array itself (no offset to add per pair)
+                self._shift_indices(code[k, 5], code[k, 5] + code[k, 4], code[k, 2])
+            elif code[k, 0] == SPMV:
+                self._shift_indices(self.table[code[k, 5]], self.table[code[k, 5] + code[k, 4]], code[k, 2])
         for k in self.factor_rows:
             code[k, 6], code[k, 7] = factor_layout(int(code[k, 6]))
         return code, top, offset[out]

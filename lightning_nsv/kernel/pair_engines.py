@@ -48,7 +48,7 @@ if numba is not None:
             return builder.ctpop(args[0])
         return word(word), codegen
 
-    @njit(cache=True, boundscheck=False, nogil=True)
+    @njit(cache=True, boundscheck=False, nogil=True, inline='always')
     def _overlap(code, k, value, bits_i, bits_j, dense_i, dense_j, s, temp):
         """``dst (+)= value · S · Σ A_i A_j`` over the words or channels of one factor (views keep the loops
         vectorisable)."""
@@ -71,6 +71,18 @@ if numba is not None:
                 a, b = bits_i[off + w * n:off + (w + 1) * n], bits_j[off + w * n:off + (w + 1) * n]
                 for p in range(n):
                     t[p] += _popcount(a[p] & b[p])
+        elif s0 < 0 and not acc:  # an input's overlap, straight into its register
+            a, b = dense_i[off:off + n], dense_j[off:off + n]
+            for p in range(n):
+                d[p] = a[p] * b[p]
+            for c in range(1, count):
+                a, b = dense_i[off + c * n:off + (c + 1) * n], dense_j[off + c * n:off + (c + 1) * n]
+                for p in range(n):
+                    d[p] += a[p] * b[p]
+            if value != 1.0:
+                for p in range(n):
+                    d[p] *= value
+            return
         else:
             t[:] = 0.0
             for c in range(count):
@@ -92,7 +104,7 @@ if numba is not None:
             for p in range(n):
                 d[p] = value * t[p]
 
-    @njit(cache=True, boundscheck=False, nogil=True)
+    @njit(cache=True, boundscheck=False, nogil=True, inline='always')
     def _taps(out, src, first, step, size, value):
         """``out[q] = value + Σ_t src[first + t·step + q]`` in one pass (the common tap counts unrolled)."""
         n = len(out)
@@ -114,7 +126,7 @@ if numba is not None:
                 for q in range(n):
                     out[q] += a[q]
 
-    @njit(cache=True, boundscheck=False, nogil=True)
+    @njit(cache=True, boundscheck=False, nogil=True, inline='always')
     def _box(code, k, s, value):
         """Window sums along the middle axis of ``(outer, n_in, inner)``, zero padding, plus ``value``. Stride 1:
         the outputs whose taps all fall inside in one pass over all of their ``inner`` values (along a last axis,
@@ -173,7 +185,7 @@ if numba is not None:
                 d[base + i] = acc
 
     @njit(cache=True, boundscheck=False, nogil=True)
-    def _run(code, values, table, weights, bits_i, bits_j, dense_i, dense_j, s, temp):
+    def _run(code, values, table, slots, weights, bits_i, bits_j, dense_i, dense_j, s, temp):
         """One pair: every instruction on the scratch array ``s`` (see the opcodes in ``pair_program``)."""
         for k in range(code.shape[0]):
             op, dst, s0, s1, n = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4]
@@ -205,16 +217,16 @@ if numba is not None:
                 d, a, b = s[dst:dst + n], s[s0:s0 + n], s[s1:s1 + n]
                 for p in range(n):
                     d[p] = a[p] + b[p]
-            elif op == GATHER:
-                d, idx = s[dst:dst + n], table[code[k, 5]:code[k, 5] + n]
+            elif op == GATHER:  # unsigned scratch offsets: no wrap-around check, a vector gather
+                d, idx = s[dst:dst + n], slots[code[k, 5]:code[k, 5] + n]
                 for q in range(n):
-                    d[q] = s[s0 + idx[q]]
+                    d[q] = s[idx[q]]
             elif op == SPMV:
                 ptr = code[k, 5]
                 for o in range(n):
                     total = 0.0
                     for e in range(table[ptr + o], table[ptr + o + 1]):
-                        total += weights[e] * s[s0 + table[e]]
+                        total += weights[e] * s[slots[e]]
                     s[dst + o] = total
             elif op == SUM:
                 total = 0.0
@@ -225,16 +237,16 @@ if numba is not None:
                 s[dst:dst + n] = weights[code[k, 5]:code[k, 5] + n]
 
     @njit(cache=True, boundscheck=False, nogil=True)
-    def _run_pairs(code, values, table, weights, scratch, temp_at, out_at, bits, dense, first, second, out):
+    def _run_pairs(code, values, table, slots, weights, scratch, temp_at, out_at, bits, dense, first, second, out):
         s = np.zeros(scratch)
         temp = s[temp_at:]
         for k in range(len(first)):
             i, j = first[k], second[k]
-            _run(code, values, table, weights, bits[i], bits[j], dense[i], dense[j], s, temp)
+            _run(code, values, table, slots, weights, bits[i], bits[j], dense[i], dense[j], s, temp)
             out[k] = s[out_at]
 
     @njit(cache=True, boundscheck=False, nogil=True)
-    def _run_outer(code, values, table, weights, scratch, temp_at, out_at, bits, dense, rows, cols, out, side):
+    def _run_outer(code, values, table, slots, weights, scratch, temp_at, out_at, bits, dense, rows, cols, out, side):
         """Every pair ``(rows[a], cols[b])`` into ``out[a, b]``, in blocks of ``side × side`` pairs (the factors of
         a block's samples stay in the core's cache while its pairs run)."""
         s = np.zeros(scratch)
@@ -245,7 +257,7 @@ if numba is not None:
                     i = rows[a]
                     for b in range(left, min(len(cols), left + side)):
                         j = cols[b]
-                        _run(code, values, table, weights, bits[i], bits[j], dense[i], dense[j], s, temp)
+                        _run(code, values, table, slots, weights, bits[i], bits[j], dense[i], dense[j], s, temp)
                         out[a, b] = s[out_at]
 
 
@@ -266,8 +278,8 @@ def _parallel(work, parts: list) -> None:
 
 
 def _program_args(program: PairProgram, factors: SampleFactors) -> tuple:
-    return (program.code, program.values, program.table, program.weights, program.scratch,
-            program.scratch - program.temp, program.out, factors.bits, factors.dense)
+    return (program.code, program.values, program.table, program.table.view(np.uint64), program.weights,
+            program.scratch, program.scratch - program.temp, program.out, factors.bits, factors.dense)
 
 
 def _threads(threads: int | None, work: int) -> int:
@@ -349,14 +361,14 @@ def torch_pairs(program: PairProgram, bits: Tensor, dense: Tensor, first: Tensor
         elif op == BOX:
             reg(dst, row[4] * row[7] * row[6]).copy_(_box_torch(reg(s0, row[4] * row[5] * row[6]), *row[4:12]) + value)
         elif op == GATHER:
-            reg(dst, row[4]).copy_(s[:, s0:].index_select(1, table[row[5]:row[5] + row[4]]))
+            reg(dst, row[4]).copy_(s.index_select(1, table[row[5]:row[5] + row[4]]))
         elif op == SPMV:
             n, ptr = row[4:6]
             bounds = program.table[ptr:ptr + n + 1]
             entries = torch.arange(int(bounds[0]), int(bounds[-1]), device=device)
             rows = torch.repeat_interleave(torch.arange(n, device=device),
                                            torch.as_tensor(np.diff(bounds), device=device))
-            products = s[:, s0:].index_select(1, table[entries]) * weights[entries]
+            products = s.index_select(1, table[entries]) * weights[entries]
             reg(dst, n).copy_(torch.zeros(len(first), n, dtype=torch.float64, device=device).index_add_(
                 1, rows, products))
         elif op == SUM:
