@@ -15,6 +15,7 @@ from lightning_nsv.artifacts import (FORMAT_VERSION, ArtifactCorruptError, Artif
                                      save_support_vectors, whole_network_payload)
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.models import ConvFCNet
+from tests.test_whole_network import two_classes
 
 STEM = "support_vectors_epoch2"
 CNN = dict(in_channels=1, image_size=8, fc_depth=1, conv_channels=4)
@@ -142,6 +143,7 @@ def test_a_k_class_whole_network_result_reproduces_with_a_given_module_and_data(
     data = DigitsDataModule(m=60, seed=1)
     data.setup("fit")
     x, x_val = data.train_dataset.tensors[0], data.val_dataset.tensors[0][:40]
+    two_classes(model, x)
     with torch.no_grad():
         y, y_val = model(x).argmax(1), model(x_val).argmax(1)
     analysis = whole_network_support_vectors(model, x, y, x_val, y_val, num_classes=3)

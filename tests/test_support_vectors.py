@@ -33,7 +33,7 @@ def test_compression_bound_by_hand():
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
 def test_analysis_against_materialised_path_space(bias, beta):
-    net = random_net((3, 2), in_features=3, beta=beta, bias=bias, seed=11)
+    net = random_net((3, 2), in_features=3, beta=beta, bias=bias, seed=30)  # both classes for every beta, bias
     x, y = self_labelled(net, 40, seed=1)
     x_val, y_val = self_labelled(net, 25, seed=2)
     y_val[:3] = 1 - y_val[:3]
@@ -106,8 +106,8 @@ def test_misclassified_training_sample_is_refused():
         network_support_vectors(net, x, y)
     dead = PathNetwork((torch.ones(2, 3, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)), None,
                        (0.0,), (1.0,))
-    with pytest.raises(NotSeparableError, match="1 of them with N\\(x\\) = 0"):
-        network_support_vectors(dead, -torch.ones(1, 3), torch.ones(1))
+    with pytest.raises(NotSeparableError, match="2 of them with N\\(x\\) = 0"):
+        network_support_vectors(dead, -torch.tensor([[1.0, 1, 1], [2, 2, 2]]), torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0, 1, 2\\]"):
         network_support_vectors(net, x, torch.arange(20) % 3)
     np.testing.assert_array_equal(signed_labels(torch.tensor([0, 1, -1, 1])).numpy(), [-1, 1, -1, 1])

@@ -16,7 +16,7 @@ from torchmetrics.functional.classification import multiclass_accuracy
 from lightning_nsv.analysis.binary import kernel_to_support
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.checks import (check_analysis_memory, check_finite_network, check_finite_samples,
-                                           check_samples)
+                                           check_samples, check_two_classes)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, output_gram, path_kernel_diagonal,
@@ -227,6 +227,7 @@ def multiclass_support_vectors(
     outputs, slopes_train = forward_with_slopes(net, x_train)
     check_finite_samples(outputs, "network outputs")
     y = class_labels(y_train, num_classes, len(outputs))
+    check_two_classes(y, num_classes)
     margins = _check_zero_error(outputs, y)
     x_train = analysis_inputs(x_train.reshape(len(y), -1), net.dtype)
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()
