@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightning_nsv.artifacts import load_support_vectors
 from lightning_nsv.cli import main
 from lightning_nsv.compat import PACKAGE
+from tests.timeouts import timeout_for
 
 CONFIG = Path(__file__).parents[1] / "examples" / "configs" / "digits_mlp.yaml"
 
@@ -70,7 +71,7 @@ def test_short_class_names_resolve_in_a_fresh_interpreter(tmp_path):
             "--trainer.callbacks+=NetworkSupportVectors", "--trainer.fast_dev_run=true",
             f"--trainer.default_root_dir={tmp_path}", "--print_config"]
     done = subprocess.run([sys.executable, "-c", f"from lightning_nsv.cli import main; main({args!r})"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=timeout_for(6), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     config = yaml.safe_load(done.stdout)
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_nsv.experiments import markdown_table, read_csv, summarise, write_csv
+from tests.timeouts import timeout_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ["sv_vs_m", "sv_vs_width", "sv_vs_depth", "bound_vs_depth", "cnn_fc_depth", "agreement_table",
@@ -94,7 +95,7 @@ def test_bound_vs_depth_reuses_depth_trials(examples, tmp_path):
 
 def test_script_entry_point_parses_flags():
     result = subprocess.run([sys.executable, str(EXAMPLES / "bound_vs_depth.py"), "--help"], capture_output=True,
-                            text=True, cwd=EXAMPLES.parent, timeout=120)
+                            text=True, cwd=EXAMPLES.parent, timeout=timeout_for(7))
     assert result.returncode == 0, result.stderr
     for flag in ("--out", "--trials", "--data-root", "--max-epochs", "--quick", "--from-trials"):
         assert flag in result.stdout

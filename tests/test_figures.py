@@ -26,6 +26,7 @@ from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kern
 from lightning_nsv.plotting import plt
 from lightning_nsv.ticks import power_of_ten
 from tests.reference import materialise_phi
+from tests.timeouts import timeout_for
 
 
 def _network(bias: bool, seed: int = 0, widths=(4, 3), in_features: int = 2) -> PathNetwork:
@@ -250,7 +251,7 @@ def test_importing_the_package_leaves_the_matplotlib_backend_and_pyplot_alone(tm
         "fig.savefig(r'%s')\n"
         "print(matplotlib.get_backend(), plt.get_fignums())\n" % (tmp_path / "alpha.png")
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_for(6))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["svg", "[]"]  # not switched to Agg; no figure left open in pyplot
     assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"
