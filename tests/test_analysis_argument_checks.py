@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -181,3 +182,26 @@ def test_a_module_or_data_on_the_meta_device_is_named_before_any_value_is_read()
     module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
     with pytest.raises(NoDataError, match=r"the data is on the meta device \(x_train: .*pass the inputs themselves"):
         whole_network_support_vectors(module, x.to("meta"), y)
+
+
+@pytest.mark.parametrize("scope_name", [None, "", "  ", 3])
+def test_a_scope_name_that_is_no_text_is_refused(scope_name):
+    from lightning_nsv.analysis.whole_network_checks import check_scope_name
+
+    with pytest.raises(ValueError, match=r"`scope_name` must be a non-empty string that says what the module is, "
+                                         rf"for the report's first line .*got {re.escape(repr(scope_name))}$"):
+        check_scope_name(scope_name)
+    check_scope_name("layers after the trunk `features`")
+
+
+@pytest.mark.xfail(strict=True, reason="whole_network.py (another session's file) does not call check_scope_name yet")
+def test_whole_network_support_vectors_refuses_scope_name_none():
+    from lightning_nsv.analysis import whole_network_support_vectors
+
+    _, x, y, _, _ = binary_problem()
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
+    with torch.no_grad():
+        y = (module(x)[:, 0] > 0).long()
+    assert whole_network_support_vectors(module, x, y).report().startswith("path kernel of the whole network: ")
+    with pytest.raises(ValueError, match="`scope_name` must be a non-empty string"):
+        whole_network_support_vectors(module, x, y, scope_name=None)

@@ -17,7 +17,7 @@ from lightning_nsv.solver.multiclass import pair_margins
 from lightning_nsv.solver.options import SOLVERS
 from lightning_nsv.solver.result import NotSeparableError
 
-__all__ = ["check_arguments", "check_input_shape", "check_zero_error"]
+__all__ = ["check_arguments", "check_input_shape", "check_scope_name", "check_zero_error"]
 
 
 def _check_finite_module(module: nn.Module) -> None:
@@ -95,6 +95,14 @@ def check_input_shape(module: nn.Module, x_train: Tensor, x_val: Tensor | None =
     if x_val is not None and tuple(x_val.shape[1:]) != shape[1:]:
         raise ValueError(f"x_val of shape {tuple(x_val.shape)}: inputs of shape {tuple(x_val.shape[1:])} per sample, "
                          f"x_train's are {shape[1:]}")
+
+
+def check_scope_name(scope_name: object) -> None:
+    """Refuse a ``scope_name`` that is no non-empty string (``None`` gave "path kernel of the None: …")."""
+    if not isinstance(scope_name, str) or not scope_name.strip():
+        raise ValueError("`scope_name` must be a non-empty string that says what the module is, for the report's "
+                         "first line \"path kernel of the <scope_name>: …\" (e.g. \"whole network\", the default, "
+                         f"or \"layers after the trunk `features`\"), got {scope_name!r}")
 
 
 def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: float) -> None:
