@@ -3,6 +3,7 @@ class and data module, refused when the rebuilt module computes something else; 
 load as head results."""
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -119,6 +120,24 @@ def test_a_module_that_computes_otherwise_with_the_same_weights_is_refused(binar
     _, artifact = binary
     with pytest.raises(ArtifactMismatchError, match="computes other outputs"):
         reproduce(artifact, module=ConvFCNet(**CNN, beta=0.3))  # same state dict, another activation
+
+
+def test_a_module_of_other_shapes_is_named_as_not_the_analysed_one_with_what_to_pass(binary):
+    _, artifact = binary
+    wider = ConvFCNet(**{**CNN, "conv_channels": 8})
+    with pytest.raises(ArtifactMismatchError, match=(
+            rf"^the `module=` passed \(ConvFCNet\) differs from the module analysed in {re.escape(str(artifact.path))} "
+            r"\(lightning_nsv.models.conv_fc.ConvFCNet\): net.0.weight: \(8, 1, 3, 3\) here, \(4, 1, 3, 3\) saved; .*"
+            r"Its weights cannot be loaded; pass a ConvFCNet built with the analysed run's init arguments, as "
+            r"recorded: ConvFCNet\(.*conv_channels=4.*\), or module=None to rebuild it from the file$")):
+        reproduce(artifact, module=wider)
+    deeper = ConvFCNet(**{**CNN, "fc_depth": 2})
+    with pytest.raises(ArtifactMismatchError, match=r"in this module, not saved: net.13.weight, net.13.bias"):
+        reproduce(artifact, module=deeper)
+    with pytest.raises(ArtifactMismatchError, match=r"^the module rebuilt from lightning_nsv.models.conv_fc.ConvFCNet "
+                                                    r"\(ConvFCNet\) differs .*saved, not in this module: extra.*"
+                                                    r"its code has changed since the analysis"):
+        reproduce(dataclasses.replace(artifact, module_state={**artifact.module_state, "extra": torch.zeros(2)}))
 
 
 def test_other_training_labels_are_refused(binary):
