@@ -181,6 +181,16 @@ def test_summary_card_marks_a_vacuous_bound():
     assert "vacuous (> 1)" not in texts and "test-error bound" in texts and "not solved!" in texts
 
 
+def test_summary_card_shows_significant_digits_and_the_scope():
+    """A margin ratio of 2.4e-9 and a cosine of 9e-8 (a whole CIFAR network) read 0.000 with three decimals."""
+    metrics = {"n_support": 495.0, "support_fraction": 0.99, "margin_ratio": 2.4e-9, "cosine_wbar_v": 9e-8,
+               "val_agreement": 1.0, "kkt_residual": 1e-12, "compression_bound": 3e5}
+    fig, ax = plot_summary_card(metrics, epoch=26, scope="whole network")
+    texts = [t.get_text() for t in ax.texts]
+    assert "network support vectors of the whole network, epoch 26" in texts
+    assert {"2.4e-09", "9e-08", "0.99", "1"} <= set(texts) and "0.000" not in texts
+
+
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
     """A digits MLP trained past zero training error, analysed every 2 epochs."""

@@ -149,10 +149,10 @@ class SupportVectorAnalysis(SupportVectorResult):
     def report(self) -> str:
         """A short human-readable summary."""
         return "\n".join([
-            f"network support vectors: {self.n_support} of m={self.m} (s/m = {self.n_support / self.m:.4f}), "
+            f"network support vectors: {self.n_support} of m={self.m} (s/m = {self.n_support / self.m:.4g}), "
             f"solver {self.svm.method}, KKT residual {self.svm.kkt_residual:.1e}",
             f"max margin 1/||v|| = {self.svm.margin:.4g}; network margin = {self.network_margin:.4g} "
-            f"(ratio {self.margin_ratio:.4f}); cosine(wbar, v) = {self.cosine:.4f}",
+            f"(ratio {self.margin_ratio:.4g}); cosine(wbar, v) = {self.cosine:.4g}",
             *self._report_end(self.n_hidden),
         ])
 
