@@ -44,7 +44,7 @@ import lightning_nsv.datamodules  # noqa: F401
 from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, ResNetClassifier, SkipNetwork  # noqa: F401  (short names)
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
-from lightning_nsv.cli_checkpoint import check_against_config, check_weights_fit, read_checkpoint
+from lightning_nsv.cli_checkpoint import check_against_config, check_weights_fit, read_checkpoint, say_which_weights
 from lightning_nsv.cli_help import NSVArgumentParser, check_example_script_options, describe_groups
 from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_info, rank_zero_warn, \
     submodule
@@ -175,6 +175,8 @@ class AnalysisTrainer(pl.Trainer):
             recorded = (checkpoint.get("callbacks") or {}).get(callback.state_key) or {}
             if getattr(callback, "dirpath", None) is None and recorded.get("dirpath") is not None:
                 callback.dirpath = recorded["dirpath"]
+        say_which_weights(checkpoint, ckpt_path, [Path(cb.save_dir) for cb in analysers
+                                                  if isinstance(cb, NetworkSupportVectors) and cb.save_dir])
         self.callbacks.append(_AnalyzeOnValidation(analysers, int(checkpoint.get("epoch", 0)), ckpt_path))
         self.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
 

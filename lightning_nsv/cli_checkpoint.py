@@ -8,14 +8,14 @@ import importlib
 import json
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from lightning_nsv.artifacts import plain
 from lightning_nsv.compat import LightningModule, rank_zero_warn
 
-__all__ = ["check_against_config", "check_weights_fit", "read_checkpoint"]
+__all__ = ["check_against_config", "check_weights_fit", "read_checkpoint", "say_which_weights"]
 
 # data arguments that do not change the training set, and one that may move with the data
 _LOADER_ONLY = ("batch_size", "num_workers", "download")
@@ -160,3 +160,40 @@ def check_weights_fit(model: LightningModule, state_dict: dict[str, Any], ckpt_p
             f"the config builds ({'; '.join(problems[:5])}): the checkpoint holds another model; use the config it "
             "was trained with"
         )
+
+
+def _run_results(ckpt_path: Path, folders: Iterable[Path]) -> list[tuple[Path, int, int]]:
+    """``(result file, epoch, step)`` of the support-vector results beside a run's checkpoint (``<log_dir>/nsv`` for
+    ``<log_dir>/checkpoints/<file>.ckpt``) and in ``folders``, by step; summaries that cannot be read are left out."""
+    ckpt_path = Path(ckpt_path).resolve()
+    places = {*(Path(folder).resolve() for folder in folders)}
+    if ckpt_path.parent.name == "checkpoints":
+        places.add(ckpt_path.parent.parent / "nsv")
+    found = set()
+    for summary in (s for place in places for s in place.glob("support_vectors_epoch*.json")):
+        try:
+            record = json.loads(summary.read_text())
+            found.add((summary.with_suffix(".pt"), int(record["epoch"]), int(record["global_step"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda result: (result[2], result[1], str(result[0])))
+
+
+def say_which_weights(checkpoint: dict[str, Any], ckpt_path: str | Path, folders: Iterable[Path] = ()) -> None:
+    """Warn when the run's support-vector results (beside the checkpoint, or in ``folders``) were all analysed at
+    another epoch or step than the one whose weights the checkpoint holds: ``analyze`` would describe other weights
+    than the fit's analysis, and nothing else says so (the fit writes checkpoints when it validates, every
+    ``check_val_every_n_epoch`` epochs, so the epoch of an analysis may have none)."""
+    epoch, step = int(checkpoint.get("epoch", 0)), int(checkpoint.get("global_step", 0))
+    results = _run_results(Path(ckpt_path), folders)
+    if not results or any((e, s) == (epoch, step) for _, e, s in results):
+        return
+    shown = "; ".join(f"{pt} (epoch {e}, step {s})" for pt, e, s in results[-3:])
+    latest = results[-1][0]
+    rank_zero_warn(
+        f"`lightning-nsv analyze`: --ckpt_path={ckpt_path} holds the weights of epoch {epoch} (step {step}), but the "
+        f"run's support-vector analysis was of other weights: {shown}. This analysis describes the network of epoch "
+        f"{epoch}, not the one analysed during the fit (a fit writes checkpoints when it validates, every "
+        "`check_val_every_n_epoch` epochs, so the epoch of an analysis may have none). The result file holds the "
+        f"analysed weights: `lightning_nsv.artifacts.reproduce('{latest}')` recomputes that analysis; to keep a "
+        "checkpoint of the last epoch, add `ModelCheckpoint(save_on_train_epoch_end=True)` to the trainer's callbacks")

@@ -109,6 +109,7 @@ def test_analyze_a_saved_checkpoint_without_training(tmp_path, capsys, recwarn):
     main(["analyze", *common, f"--ckpt_path={checkpoint}"])
     lightning_said = [str(w.message) for w in recwarn if "dirpath" in str(w.message) or "Be aware" in str(w.message)]
     assert not lightning_said  # the checkpoint callback restores its state silently, saves nothing
+    assert not [w for w in recwarn if "other weights" in str(w.message)]  # the checkpoint of the analysed epoch
     epoch = torch.load(checkpoint, weights_only=True)["epoch"]
     run = f"version_0-analysis-epoch{epoch}"  # a run of its own, named after the checkpoint's
     assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == ["version_0", run]
