@@ -45,7 +45,7 @@ from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, ResNetClassifier, Skip
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.cli_checkpoint import check_against_config, check_weights_fit, read_checkpoint, say_which_weights
-from lightning_nsv.cli_help import NSVArgumentParser, check_example_script_options, describe_groups
+from lightning_nsv.cli_help import NSVArgumentParser, add_compare_entry, check_example_script_options, describe_groups
 from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_info, rank_zero_warn, \
     submodule
 from lightning_nsv.datamodules import ClassificationDataModule
@@ -189,6 +189,10 @@ class NSVLightningCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}}
+
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        add_compare_entry(parser)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--threads", type=Optional[int], default=None,
