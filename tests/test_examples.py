@@ -223,3 +223,17 @@ def test_head_vs_whole_quick(examples, tmp_path):
         (head["n_support"], whole["n_support"]), (head["n_support"], resnet["n_support"]),
         (whole["n_support"], resnet["n_support"])]
     assert all(0 <= o["shared"] <= min(o["size_first"], o["size_second"]) for o in overlap)
+
+
+@pytest.mark.parametrize("config", sorted((EXAMPLES / "configs").glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_config_logs_like_the_demo(config):
+    """A TensorBoard logger under runs/<config name> without Lightning's hp_metric session: without it the logs went
+    to ./lightning_logs, the package warned about its own config and HParams showed only `hp_metric -1`."""
+    import yaml
+
+    trainer = yaml.safe_load(config.read_text())["trainer"]
+    logger = trainer.get("logger") or {}
+    assert logger.get("class_path") == "TensorBoardLogger", f"{config.name}: no TensorBoard logger block"
+    assert logger["init_args"] == {"save_dir": f"runs/{config.stem}", "name": "tensorboard",
+                                   "default_hp_metric": False}, config.name
+    assert trainer["default_root_dir"] == f"runs/{config.stem}", config.name
