@@ -37,6 +37,7 @@ from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, sa
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.plotting.base import LEGEND_SIZE
 from lightning_nsv.models.resnet import ResNetClassifier
 from lightning_nsv.support_vectors import network_support_vectors
 
@@ -130,7 +131,7 @@ def plot(rows: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], title:
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(14, 4), gridspec_kw={"width_ratios": [2, 2, 3]})
     _bars(left, rows, [("support_fraction", "s/m"), ("val_agreement", "val agreement")], log=False)
-    left.legend(fontsize=8, loc="upper left")
+    left.legend(fontsize=LEGEND_SIZE, loc="upper left")
     left.set_title(title, fontsize=10)
     _bars(middle, rows, [("margin_ratio", "margin ratio"), ("cosine", "cosine(wbar, v)")], log=True)
     middle.set_title("network against the max-margin classifier (log scale)", fontsize=10)
@@ -145,7 +146,7 @@ def plot(rows: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], title:
         right.text(p["size_first"] + only_b[i], i, f" J = {p['jaccard']:.2f}", va="center", fontsize=8)
     right.tick_params(axis="y", labelsize=7)
     right.set_xlabel("support vectors")
-    right.legend(fontsize=8)
+    right.legend(fontsize=LEGEND_SIZE)
     right.set_title("overlap of the support sets (A: upper, B: lower name)", fontsize=10)
     fig.tight_layout()
     return fig

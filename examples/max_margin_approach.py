@@ -39,6 +39,7 @@ from lightning_nsv.experiments import (
     example_parser, figure_options, make_datamodule, make_model, markdown_table, parse, read_csv, save_figures,
     write_csv,
 )
+from lightning_nsv.plotting.base import LEGEND_SIZE
 
 NAME = "max_margin_approach"
 TASKS = ("binary", "multiclass")
@@ -148,7 +149,7 @@ def figure(results: dict[str, list[dict[str, Any]]], table: list[dict[str, Any]]
         top.set_xlabel("epoch (log scale)")
         top.set_ylabel("value (1 = max-margin)")
         top.set_title(f"{task}: approach to the max-margin classifier", fontsize=9)
-        top.legend(fontsize=8, loc="best")
+        top.legend(fontsize=LEGEND_SIZE, loc="best")
         top.grid(alpha=0.3)
         if len(epochs):
             x = 1.0 / np.log(np.maximum(epochs, 2.0))
@@ -163,7 +164,7 @@ def figure(results: dict[str, list[dict[str, Any]]], table: list[dict[str, Any]]
         bottom.set_xlim(left=0)
         bottom.set_xlabel("1 / log(epoch)   (0: t → ∞)")
         bottom.set_ylabel("gap (1/log t rate: a straight line)")
-        bottom.legend(fontsize=6.5, loc="best")
+        bottom.legend(fontsize=LEGEND_SIZE, loc="best")
         bottom.grid(alpha=0.3)
     fig.suptitle("one seed, bundled digits; dashed: least-squares fit of the 1/log t rate (Soudry et al. 2018)",
                  fontsize=8)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import partial
 
 from lightning_nsv.experiments import example_parser, mlp_point, parse, sweep_and_report
-from lightning_nsv.plotting import CARD_WIDTH, error_bar_caption, plot_sweep, plt
+from lightning_nsv.plotting import CARD_WIDTH, LEGEND_SIZE, error_bar_caption, plot_sweep, plt
 
 NAME = "random_labels"
 M_VALUES = {"digits": [100, 200, 400, 800], "mnist": [1000, 2000, 5000, 10000]}
@@ -24,7 +24,7 @@ def figure(summary: list[dict], title: str):
         plot_sweep(rows, "m", {"support_fraction": label}, xlabel="training samples m",
                    ylabel="support vectors s / m", logx=True, title=title, ax=ax)
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8, title=error_bar_caption(summary), title_fontsize=8)
+    ax.legend(fontsize=LEGEND_SIZE, title=error_bar_caption(summary), title_fontsize=LEGEND_SIZE)
     return fig
 
 

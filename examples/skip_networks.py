@@ -48,6 +48,7 @@ from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import CIFAR10_CLASSES
+from lightning_nsv.plotting.base import LEGEND_SIZE
 from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, save_figures, write_csv
 from lightning_nsv.models.skip import MODES, SkipNetwork
 
@@ -173,14 +174,14 @@ def plot(rows: Sequence[dict[str, Any]], curves: dict[tuple[str, str], list[floa
             label = f"{r['mode']} (rank Ψ {r['psi_rank']} of N = {r['N']})"
             ax_loss.semilogy(range(1, len(losses) + 1), losses, label=label)
         ax_loss.set(xlabel="epoch", ylabel="training loss (epoch mean)", title=title)
-        ax_loss.legend(fontsize=8)
+        ax_loss.legend(fontsize=LEGEND_SIZE)
         x = torch.arange(len(case_rows)).numpy()
         for shift, key in ((-0.2, "train_acc"), (0.2, "test_acc")):
             bars = ax_acc.bar(x + shift, [100 * r[key] for r in case_rows], width=0.4, label=key.replace("_acc", ""))
             ax_acc.bar_label(bars, fmt="%.1f", fontsize=8)
         ax_acc.set_xticks(x, [f"{r['mode']}\nescape path:\n{r['escape_verdict']}" for r in case_rows], fontsize=8)
         ax_acc.set(ylabel="accuracy (%)", ylim=(0, 125), title=f"{case}: accuracy after training")
-        ax_acc.legend(loc="upper center", ncols=2)
+        ax_acc.legend(loc="upper center", ncols=2, fontsize=LEGEND_SIZE)
     return fig
 
 

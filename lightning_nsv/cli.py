@@ -17,24 +17,22 @@ log folder and the result file. ``--threads N`` sets the torch and BLAS thread p
 for these small networks on a shared machine). The optimizer is the model's own (``--model.optimizer``,
 ``--model.lr``); LightningCLI's ``--optimizer``, when given, replaces it (see ``lightning_nsv.cli_help``).
 
-Before LightningCLI reads a ``--ckpt_path``, :func:`read_checkpoint` checks it (a whole zip archive, every CRC
-right, loadable with ``weights_only=True``, a Lightning checkpoint). ``analyze`` and a resumed ``fit`` then compare
-the config with what the checkpoint records: another model or data class, or a data argument that chooses the
-training set (``seed``, ``m``, ...), is refused with each difference and the fix; other model arguments are named
-in a warning (the checkpoint's are used). ``analyze`` also compares the training indices that the package's data
-modules record in checkpoints.
+Before LightningCLI reads a ``--ckpt_path``, :func:`~lightning_nsv.cli_checkpoint.read_checkpoint` checks it (a
+whole zip archive, every CRC right, loadable with ``weights_only=True``, a Lightning checkpoint). ``analyze`` and a
+resumed ``fit`` then compare the config with what the checkpoint records: another model or data class, or a data
+argument that chooses the training set (``seed``, ``m``, ...), is refused with each difference and the fix; other
+model arguments are named in a warning (the checkpoint's are used). ``analyze`` also compares the training indices
+that the package's data modules record in checkpoints.
 
 The package's modules, data modules and callbacks are imported here so that their short names resolve.
 """
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import re
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,10 +42,10 @@ from jsonargparse import Namespace
 import lightning_nsv.callbacks  # noqa: F401
 import lightning_nsv.datamodules  # noqa: F401
 from lightning_nsv.models import ConvFCNet, LeakyReLUMLP, ResNetClassifier, SkipNetwork  # noqa: F401  (short names)
-from lightning_nsv.artifacts import plain
 from lightning_nsv.callbacks import LossValleyMonitor, NetworkSupportVectors, PsiRankMonitor
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
-from lightning_nsv.cli_help import NSVArgumentParser, check_example_script_options, describe_groups
+from lightning_nsv.cli_checkpoint import check_against_config, check_weights_fit, read_checkpoint, say_which_weights
+from lightning_nsv.cli_help import NSVArgumentParser, add_compare_entry, check_example_script_options, describe_groups
 from lightning_nsv.compat import PACKAGE, LightningDataModule, LightningModule, pl, rank_zero_info, rank_zero_warn, \
     submodule
 from lightning_nsv.datamodules import ClassificationDataModule
@@ -65,149 +63,6 @@ _DESCRIPTION = ("Train a LightningModule with the analysis callbacks (fit), anal
 
 # `--ckpt_path` values that Lightning resolves itself (fit, validate, test, predict; not analyze)
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
-# data arguments that do not change the training set, and one that may move with the data
-_LOADER_ONLY = ("batch_size", "num_workers", "download")
-_LOCATION = ("root",)
-_DAMAGED = ("use another checkpoint of the run (its checkpoints/ folder) or train again with `lightning-nsv fit`; "
-            "a file that was copied should be copied anew")
-
-
-def read_checkpoint(path: str | Path, argument: str = "--ckpt_path") -> dict[str, Any]:
-    """The Lightning checkpoint at ``path``, loaded with ``weights_only=True``, its tensors memory-mapped.
-
-    Before the load: the path is a non-empty file and a whole zip archive (central directory found, every
-    member's CRC-32 right: torch checks no CRC, so a damaged weight would load). That reads the file once,
-    about 0.25 s for 200 MB here, less than a plain ``torch.load``. A file that fails any check, or that is no Lightning checkpoint (a result
-    ``.pt`` of the callback, a pickled model), is refused by name; an unsafe load is never suggested.
-
-    Raises:
-        FileNotFoundError: No file at ``path``.
-        ValueError: A directory, an empty, truncated or corrupt file, or no Lightning checkpoint.
-    """
-    path = Path(path)
-    where = f"{argument}={path}"
-    if path.is_dir():
-        inside = sorted(str(p) for p in path.rglob("*.ckpt"))[:3]
-        hint = f" (it holds {', '.join(inside)})" if inside else ""
-        raise ValueError(f"{where} is a directory{hint}; pass the checkpoint file itself (a .ckpt)")
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {where}; pass a .ckpt that a fit wrote (its checkpoints/ "
-                                "folder)")
-    size = path.stat().st_size
-    if size == 0:
-        raise ValueError(f"{where} is an empty file (0 bytes: an interrupted save or copy); {_DAMAGED}")
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{where} is truncated or corrupt: {size:,} bytes without the zip directory that ends "
-                         f"every checkpoint torch.save writes (or not a checkpoint at all); {_DAMAGED}")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-        raise ValueError(f"{where} is truncated or corrupt ({type(err).__name__}: {err}); {_DAMAGED}") from None
-    if damaged is not None:
-        raise ValueError(f"{where} is corrupt: its member {damaged} does not match its CRC-32 checksum; {_DAMAGED}")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # what torch.load raises varies; its advice (an unsafe load) is not passed on
-        raise ValueError(
-            f"{where} cannot be loaded as a checkpoint with weights_only=True ({type(err).__name__}): a damaged "
-            f"file, or one that holds Python objects besides tensors (a pickled model), which is not loaded; "
-            f"{_DAMAGED}"
-        ) from None
-    if isinstance(checkpoint, dict) and {"support", "alpha", "module_state"} <= checkpoint.keys():
-        raise ValueError(
-            f"{where} is a result file of NetworkSupportVectors (support vectors and α), not a training checkpoint; "
-            "read it with `lightning_nsv.artifacts.load_support_vectors`, or pass the run's .ckpt (its checkpoints/ "
-            "folder) to analyse the network again"
-        )
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        found = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise ValueError(f"{where} is not a Lightning checkpoint (no state_dict; it holds {found}); pass a .ckpt "
-                         "that a fit wrote (its checkpoints/ folder)")
-    return checkpoint
-
-
-def _resolves_to(first: str | None, second: str | None) -> bool:
-    """Whether two class paths name the same class (``a.b.C`` and its re-export ``a.C`` do)."""
-    def resolve(name: str | None) -> Any:
-        module, _, attribute = (name or "").rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError, ValueError):
-            return name
-
-    return first == second or resolve(first) is resolve(second)
-
-
-def _differences(recorded: dict[str, Any], configured: Any) -> list[tuple[str, Any, Any]]:
-    """``(argument, checkpoint value, config value)`` for each init argument both name that differs."""
-    recorded = plain(recorded)
-    configured = plain(configured.as_dict() if hasattr(configured, "as_dict") else dict(configured or {}))
-    return [(key, recorded[key], configured[key]) for key in recorded
-            if key in configured and recorded[key] != configured[key]]
-
-
-def _cli_value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _check_against_config(checkpoint: dict[str, Any], config: Any, ckpt_path: str, subcommand: str) -> None:
-    """Refuse an ``analyze`` or a resumed ``fit`` whose model class, data class, or data arguments that choose the
-    training set differ from the checkpoint's (another training set: errors counted on samples the network never
-    saw, support vectors of other samples); warn on other differences. Each is named with both values."""
-    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"  # <log_dir>/checkpoints/<file>.ckpt
-    use = ("use the config the checkpoint was trained with "
-           f"({run_config if run_config.is_file() else 'the config.yaml of its run'})")
-    run = "analysis" if subcommand == "analyze" else "resumed fit"
-    for key, recorded_key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
-        recorded, configured = checkpoint.get(recorded_key) or {}, config.get(key)
-        if "_class_path" not in recorded or configured is None:
-            continue  # not trained through the command line: nothing recorded to compare
-        if not _resolves_to(recorded["_class_path"], configured.get("class_path")):
-            raise ValueError(
-                f"`lightning-nsv {subcommand}`: --ckpt_path={ckpt_path} was trained with {key} "
-                f"{recorded['_class_path']}, the config asks for {configured.get('class_path')}; {use}"
-            )
-        differences = [(arg, a, b) for arg, a, b in _differences(recorded, configured.get("init_args"))
-                       if not (key == "data" and arg in _LOADER_ONLY)
-                       and not (key == "data" and arg in _LOCATION and Path(a).resolve() == Path(b).resolve())]
-        refused = [(arg, a, b) for arg, a, b in differences if key == "data" and arg not in _LOCATION]
-        if refused:
-            flags = " ".join(f"--data.init_args.{arg}={_cli_value(a)}" for arg, a, _ in refused)
-            raise ValueError(
-                f"`lightning-nsv {subcommand}`: the config's data module differs from the one --ckpt_path="
-                f"{ckpt_path} was trained with, so the {run} would see another training set:\n"
-                f"{_listed(key, refused)}\n{use[0].upper()}{use[1:]}, or pass {flags}"
-            )
-        if differences:
-            rank_zero_warn(
-                f"`lightning-nsv {subcommand}`: the config's model arguments differ from the checkpoint's; the "
-                f"network is rebuilt from the checkpoint's:\n{_listed(key, differences)}" if key == "model" else
-                f"`lightning-nsv {subcommand}`: the data is read from another place than in training:\n"
-                f"{_listed(key, differences)}\nThe checkpoint's training indices, where it records them, are "
-                "compared with the data's once it is loaded"
-            )
-
-
-def _listed(key: str, differences: list[tuple[str, Any, Any]]) -> str:
-    return "\n".join(f"  {key}.{arg}: checkpoint {_cli_value(a)}, config {_cli_value(b)}" for arg, a, b in differences)
-
-
-def _check_weights_fit(model: LightningModule, state_dict: dict[str, Any], ckpt_path: str) -> None:
-    """Refuse a checkpoint whose weights are not those of ``model`` (another class or other sizes), by name."""
-    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
-    found = {name: tuple(getattr(value, "shape", ())) for name, value in state_dict.items()}
-    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
-    problems = [f"{name} of shape {found[name]}, the model's {shape}" for name, shape in expected.items()
-                if name in found and found[name] != shape]
-    problems += [f"missing {', '.join(missing[:5])}"] if missing else []
-    problems += [f"unexpected {', '.join(unexpected[:5])}"] if unexpected else []
-    if problems:
-        raise ValueError(
-            f"`lightning-nsv analyze`: the weights in --ckpt_path={ckpt_path} do not fit the {type(model).__name__} "
-            f"the config builds ({'; '.join(problems[:5])}): the checkpoint holds another model; use the config it "
-            "was trained with"
-        )
 
 
 def _name_analysis_run(config: Any, ckpt_path: Path, epoch: int) -> None:
@@ -295,7 +150,7 @@ class AnalysisTrainer(pl.Trainer):
         if ckpt_path is None:
             raise ValueError("`lightning-nsv analyze` needs --ckpt_path pointing at a trained checkpoint (.ckpt)")
         checkpoint = read_checkpoint(ckpt_path)
-        _check_weights_fit(model, checkpoint["state_dict"], ckpt_path)
+        check_weights_fit(model, checkpoint["state_dict"], ckpt_path)
         fit_loop = checkpoint.get("loops", {}).get("fit_loop")
         if fit_loop is not None:  # the epoch and the step of the checkpoint: logs land where the fit's did
             epoch_loop = self.fit_loop.epoch_loop
@@ -320,6 +175,8 @@ class AnalysisTrainer(pl.Trainer):
             recorded = (checkpoint.get("callbacks") or {}).get(callback.state_key) or {}
             if getattr(callback, "dirpath", None) is None and recorded.get("dirpath") is not None:
                 callback.dirpath = recorded["dirpath"]
+        say_which_weights(checkpoint, ckpt_path, [Path(cb.save_dir) for cb in analysers
+                                                  if isinstance(cb, NetworkSupportVectors) and cb.save_dir])
         self.callbacks.append(_AnalyzeOnValidation(analysers, int(checkpoint.get("epoch", 0)), ckpt_path))
         self.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
 
@@ -332,6 +189,10 @@ class NSVLightningCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {**LightningCLI.subcommands(), "analyze": {"model", "datamodule"}}
+
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        add_compare_entry(parser)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--threads", type=Optional[int], default=None,
@@ -359,7 +220,7 @@ class NSVLightningCLI(LightningCLI):
             return
         checkpoint = self._checkpoint = read_checkpoint(ckpt_path)
         if subcommand in ("analyze", "fit"):  # validate and test may use other data on purpose
-            _check_against_config(checkpoint, config, str(ckpt_path), subcommand)
+            check_against_config(checkpoint, config, str(ckpt_path), subcommand)
         if subcommand == "analyze":
             _name_analysis_run(config, Path(ckpt_path), int(checkpoint.get("epoch", 0)))
 

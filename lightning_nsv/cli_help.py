@@ -87,6 +87,17 @@ def describe_groups(parser: Any) -> None:
             group.title, group.description = title, description
 
 
+COMPARE_HELP = ("Compare the support sets of result files of one training set: s per run, pairwise Jaccard, the "
+                "core (see lightning-nsv compare --help).")
+
+
+def add_compare_entry(parser: Any) -> None:
+    """List ``compare`` among the subcommands of ``parser`` (``lightning-nsv --help``). :func:`lightning_nsv.cli.main`
+    runs ``lightning-nsv compare ...`` before LightningCLI parses anything, so this entry only shows it."""
+    entry = NSVArgumentParser(prog="lightning-nsv compare", description=COMPARE_HELP)
+    parser._subcommands_action.add_subcommand("compare", entry, help=COMPARE_HELP)
+
+
 # the example scripts' data options (python examples/*.py --data mnist --data-root DIR) and their CLI form
 _EXAMPLE_DATA = {"digits": "DigitsDataModule", "mnist": "BinaryMNISTDataModule --data.root DIR",
                  "cifar": "CIFAR10FrogsShipsDataModule --data.root DIR"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -125,3 +126,82 @@ def test_whole_network_refuses_bad_options_before_tracing(options, message, monk
         y = (module(x)[:, 0] > 0).long()
     with pytest.raises(ValueError, match=message):
         whole.whole_network_support_vectors(module, x, y, **options)
+
+
+ONE_CLASS = (r"every training label is {}: with one class, zero training error only asks the network to give every "
+             r"sample that class.*needs training samples of at least two classes")
+
+
+def test_a_training_set_of_one_class_is_refused_by_every_analysis(no_solve):
+    """As NetworkSupportVectors refuses it: the max margin of one class describes no decision boundary."""
+    from lightning_nsv.analysis import whole_network_support_vectors
+
+    net, x, y, _, _ = binary_problem()
+    positive = y == 1
+    with pytest.raises(ValueError, match=ONE_CLASS.format(r"positive \(1\)")):
+        network_support_vectors(net, x[positive], y[positive])
+    three = random_net((4,), num_outputs=3, seed=51)
+    x3, y3 = self_labelled(three, 30, seed=52)
+    with pytest.raises(ValueError, match=ONE_CLASS.format("class 1")):
+        multiclass_support_vectors(three, x3[y3 == 1], y3[y3 == 1])
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3)).double()
+    with torch.no_grad():
+        module[2].bias.copy_(torch.tensor([0.0, 100.0, 0.0]))  # every sample is class 1: zero training error
+    with pytest.raises(ValueError, match=ONE_CLASS.format("class 1")):
+        whole_network_support_vectors(module, x, torch.ones(len(x), dtype=torch.long))
+
+
+def test_a_single_sample_is_refused_with_m_1_named(no_solve):
+    from lightning_nsv.analysis import whole_network_support_vectors
+
+    net, x, y, _, _ = binary_problem()
+    first = ONE_CLASS.format(r"positive \(1\)" if int(y[0]) == 1 else r"negative \(0 or -1\)")
+    with pytest.raises(ValueError, match=r"x_train holds one sample \(m = 1\), so " + first):
+        network_support_vectors(net, x[:1], y[:1])
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
+    with torch.no_grad():
+        label = (module(x[:1])[:, 0] > 0).long()
+    with pytest.raises(ValueError, match=r"x_train holds one sample \(m = 1\), so every training label"):
+        whole_network_support_vectors(module, x[:1], label)
+
+
+def test_a_module_or_data_on_the_meta_device_is_named_before_any_value_is_read():
+    from lightning_nsv.analysis import whole_network_support_vectors
+    from lightning_nsv.errors import NoDataError
+    from lightning_nsv.extract import find_path_part
+
+    with torch.device("meta"):
+        empty = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    _, x, y, _, _ = binary_problem()
+    fix = r"give it its values first, e.g. `module.to_empty\(device='cpu'\)` then `module.load_state_dict"
+    with pytest.raises(NoDataError, match=r"the module \(Sequential\) is on the meta device \(0.weight, 0.bias, "
+                                          r"2.weight, … \(4 in all\): shapes without values.*" + fix):
+        whole_network_support_vectors(empty, x, y)
+    with pytest.raises(NoDataError, match=r"the network's head is on the meta device \(weights\[0\].*" + fix):
+        find_path_part(empty).path_network()
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
+    with pytest.raises(NoDataError, match=r"the data is on the meta device \(x_train: .*pass the inputs themselves"):
+        whole_network_support_vectors(module, x.to("meta"), y)
+
+
+@pytest.mark.parametrize("scope_name", [None, "", "  ", 3])
+def test_a_scope_name_that_is_no_text_is_refused(scope_name):
+    from lightning_nsv.analysis.whole_network_checks import check_scope_name
+
+    with pytest.raises(ValueError, match=r"`scope_name` must be a non-empty string that says what the module is, "
+                                         rf"for the report's first line .*got {re.escape(repr(scope_name))}$"):
+        check_scope_name(scope_name)
+    check_scope_name("layers after the trunk `features`")
+
+
+@pytest.mark.xfail(strict=True, reason="whole_network.py (another session's file) does not call check_scope_name yet")
+def test_whole_network_support_vectors_refuses_scope_name_none():
+    from lightning_nsv.analysis import whole_network_support_vectors
+
+    _, x, y, _, _ = binary_problem()
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double()
+    with torch.no_grad():
+        y = (module(x)[:, 0] > 0).long()
+    assert whole_network_support_vectors(module, x, y).report().startswith("path kernel of the whole network: ")
+    with pytest.raises(ValueError, match="`scope_name` must be a non-empty string"):
+        whole_network_support_vectors(module, x, y, scope_name=None)

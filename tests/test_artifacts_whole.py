@@ -3,6 +3,7 @@ class and data module, refused when the rebuilt module computes something else; 
 load as head results."""
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from lightning_nsv.artifacts import (FORMAT_VERSION, ArtifactCorruptError, Artif
                                      save_support_vectors, whole_network_payload)
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.models import ConvFCNet
+from tests.test_whole_network import two_classes
 
 STEM = "support_vectors_epoch2"
 CNN = dict(in_channels=1, image_size=8, fc_depth=1, conv_channels=4)
@@ -120,6 +122,24 @@ def test_a_module_that_computes_otherwise_with_the_same_weights_is_refused(binar
         reproduce(artifact, module=ConvFCNet(**CNN, beta=0.3))  # same state dict, another activation
 
 
+def test_a_module_of_other_shapes_is_named_as_not_the_analysed_one_with_what_to_pass(binary):
+    _, artifact = binary
+    wider = ConvFCNet(**{**CNN, "conv_channels": 8})
+    with pytest.raises(ArtifactMismatchError, match=(
+            rf"^the `module=` passed \(ConvFCNet\) differs from the module analysed in {re.escape(str(artifact.path))} "
+            r"\(lightning_nsv.models.conv_fc.ConvFCNet\): net.0.weight: \(8, 1, 3, 3\) here, \(4, 1, 3, 3\) saved; .*"
+            r"Its weights cannot be loaded; pass a ConvFCNet built with the analysed run's init arguments, as "
+            r"recorded: ConvFCNet\(.*conv_channels=4.*\), or module=None to rebuild it from the file$")):
+        reproduce(artifact, module=wider)
+    deeper = ConvFCNet(**{**CNN, "fc_depth": 2})
+    with pytest.raises(ArtifactMismatchError, match=r"in this module, not saved: net.13.weight, net.13.bias"):
+        reproduce(artifact, module=deeper)
+    with pytest.raises(ArtifactMismatchError, match=r"^the module rebuilt from lightning_nsv.models.conv_fc.ConvFCNet "
+                                                    r"\(ConvFCNet\) differs .*saved, not in this module: extra.*"
+                                                    r"its code has changed since the analysis"):
+        reproduce(dataclasses.replace(artifact, module_state={**artifact.module_state, "extra": torch.zeros(2)}))
+
+
 def test_other_training_labels_are_refused(binary):
     _, artifact = binary
     with pytest.raises(ArtifactMismatchError, match="training labels differ"):
@@ -142,6 +162,7 @@ def test_a_k_class_whole_network_result_reproduces_with_a_given_module_and_data(
     data = DigitsDataModule(m=60, seed=1)
     data.setup("fit")
     x, x_val = data.train_dataset.tensors[0], data.val_dataset.tensors[0][:40]
+    two_classes(model, x)
     with torch.no_grad():
         y, y_val = model(x).argmax(1), model(x_val).argmax(1)
     analysis = whole_network_support_vectors(model, x, y, x_val, y_val, num_classes=3)

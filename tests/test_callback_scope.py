@@ -128,6 +128,7 @@ def test_a_cnn_with_default_arguments_is_analysed_whole(whole_run):
     assert report.startswith("path kernel of the whole network: 4 maps, 3 gate layers, 1 max-pool, 592 gates")
     assert f"{analysis.n_hidden} bits per support vector" in report
     assert callback.metrics["scope_gates"] == 592 and callback.metrics["n_support"] == analysis.n_support
+    assert callback._scope_label == "whole network"  # the summary card's heading
     assert _text(trainer.logger.log_dir).find("path kernel of the whole network: 4 maps") >= 0
     stem = tmp_path / "nsv" / f"support_vectors_epoch{callback.zero_error_epoch}"
     summary = json.loads(stem.with_suffix(".json").read_text())
@@ -148,10 +149,15 @@ def test_the_whole_network_reproduces_from_its_file(whole_run):
 
 
 @pytest.mark.parametrize("arguments", [{"scope": "head"}, {"embedding": "trunk", "path_module": "head"}])
-def test_the_head_scope_says_the_trunk_is_a_fixed_embedding(tmp_path, arguments):
+def test_the_head_scope_says_the_trunk_is_a_fixed_embedding(tmp_path, arguments, monkeypatch):
+    import lightning_nsv.plotting as plotting
+
+    cards, card = [], plotting.plot_summary_card
+    monkeypatch.setattr(plotting, "plot_summary_card", lambda *a, **kw: cards.append(kw["scope"]) or card(*a, **kw))
     model = CNN(split="embedding" in arguments)
     callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"), **arguments)
     trainer = _fit(tmp_path, model, DigitsDataModule(m=40, batch_size=10, seed=0), callback)
+    assert cards == ["head only (trunk fixed)"]  # the summary card says what was analysed
     analysis = callback.analysis
     assert analysis is not None and analysis.n_hidden == 16  # the head's units only
     trunk = "`trunk` (2 Conv2d)" if "embedding" in arguments else "(2 Conv2d, Flatten)"

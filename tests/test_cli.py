@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightning_nsv.artifacts import load_support_vectors
 from lightning_nsv.cli import main
 from lightning_nsv.compat import PACKAGE
+from tests.timeouts import timeout_for
 
 CONFIG = Path(__file__).parents[1] / "examples" / "configs" / "digits_mlp.yaml"
 
@@ -70,7 +71,7 @@ def test_short_class_names_resolve_in_a_fresh_interpreter(tmp_path):
             "--trainer.callbacks+=NetworkSupportVectors", "--trainer.fast_dev_run=true",
             f"--trainer.default_root_dir={tmp_path}", "--print_config"]
     done = subprocess.run([sys.executable, "-c", f"from lightning_nsv.cli import main; main({args!r})"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=timeout_for(6), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     config = yaml.safe_load(done.stdout)
     assert config["model"]["class_path"] == "lightning_nsv.models.LeakyReLUMLP"
@@ -108,6 +109,7 @@ def test_analyze_a_saved_checkpoint_without_training(tmp_path, capsys, recwarn):
     main(["analyze", *common, f"--ckpt_path={checkpoint}"])
     lightning_said = [str(w.message) for w in recwarn if "dirpath" in str(w.message) or "Be aware" in str(w.message)]
     assert not lightning_said  # the checkpoint callback restores its state silently, saves nothing
+    assert not [w for w in recwarn if "other weights" in str(w.message)]  # the checkpoint of the analysed epoch
     epoch = torch.load(checkpoint, weights_only=True)["epoch"]
     run = f"version_0-analysis-epoch{epoch}"  # a run of its own, named after the checkpoint's
     assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == ["version_0", run]

@@ -222,3 +222,21 @@ def test_data_read_from_another_root_is_named_and_checked_by_its_training_indice
             else:
                 assert root == "moved"
     assert not list((tmp_path / "other_analysis").rglob("*.pt"))
+
+
+def test_analyze_of_a_checkpoint_of_another_epoch_than_the_runs_analysis_says_so(tmp_path):
+    """Validation every 4 epochs: the fit's analysis runs at its zero-error epoch, the only checkpoint is of the last
+    validation before it. analyze analyses that checkpoint's weights and says that they are not the analysed ones."""
+    common = [*_args(tmp_path, "--threads=1"), "--data.init_args.m=300", "--trainer.check_val_every_n_epoch=4"]
+    main(["fit", *common])
+    version = tmp_path / "tensorboard" / "version_0"
+    (checkpoint,), (result,) = (version / "checkpoints").glob("*.ckpt"), (version / "nsv").glob("*.pt")
+    held, analysed = torch.load(checkpoint, weights_only=True), load_support_vectors(result)
+    assert (held["epoch"], held["global_step"]) != (analysed.epoch, analysed.global_step), "the case to check"
+    with pytest.warns(UserWarning, match=(
+            rf"--ckpt_path={re.escape(str(checkpoint))} holds the weights of epoch {held['epoch']} \(step "
+            rf"{held['global_step']}\), but the run's support-vector analysis was of other weights: "
+            rf"{re.escape(str(result))} \(epoch {analysed.epoch}, step {analysed.global_step}\)\. This analysis "
+            rf"describes the network of epoch {held['epoch']}, not the one analysed during the fit.*"
+            rf"`lightning_nsv.artifacts.reproduce\('{re.escape(str(result))}'\)` recomputes that analysis")):
+        main(["analyze", *common, f"--ckpt_path={checkpoint}"])

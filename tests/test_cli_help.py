@@ -63,3 +63,16 @@ def test_the_example_scripts_data_options_are_refused_with_the_command_line_form
     assert f"`lightning-nsv` got {given}:" in message
     assert "--data mnist -> --data BinaryMNISTDataModule --data.root DIR" in message
     assert "--data cifar -> --data CIFAR10FrogsShipsDataModule --data.root DIR" in message
+
+
+def test_the_top_level_help_lists_every_subcommand_compare_included(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code in (None, 0)
+    shown = capsys.readouterr().out
+    assert "{fit,validate,test,predict,analyze,compare}" in shown
+    listed = dict(re.findall(r"\n    (\w+) +(\S[^\n]*)", shown))
+    assert listed["compare"].startswith("Compare the support sets of result files") and "analyze" in listed
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "--help"])  # the entry only lists it: compare keeps its own command line
+    assert done.value.code in (None, 0) and "usage: lightning-nsv compare [-h]" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from lightning_nsv.analysis import IncomparableRunsError, compare_support_sets, 
 from lightning_nsv.analysis.stability import ImagesUnavailable, support_images
 from lightning_nsv.artifacts import ArtifactMismatchError, save_support_vectors
 from lightning_nsv.path_space import PathNetwork
+from tests.timeouts import timeout_for
 
 DIGITS = "lightning_nsv.datamodules.digits.DigitsDataModule"
 DIGITS_ARGS = {"m": 60, "val_fraction": 0.2, "seed": 0, "random_labels": False, "label_noise": 0.0,
@@ -239,7 +240,7 @@ def test_the_console_script_dispatches_compare(tmp_path):
 
     paths, _ = _digits_runs(tmp_path, [[0, 1], [1, 2]])
     done = subprocess.run([sys.executable, "-c", "from lightning_nsv.cli import main; main()", "compare",
-                           *map(str, paths)], capture_output=True, text=True, timeout=120)
+                           *map(str, paths)], capture_output=True, text=True, timeout=timeout_for(13))
     assert done.returncode == 0, done.stderr
     assert "| run 1 | 1.000 | 0.333 |" in done.stdout and "pass --out DIR" in done.stderr
 
@@ -304,6 +305,6 @@ def test_the_comparison_imports_no_lightning():
 
     code = ("import sys, lightning_nsv.analysis; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_for(10),
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -1,5 +1,6 @@
 """TensorBoard dashboards: the custom-scalars layout, scalars against the epoch, the Text tab's verdicts, HParams
 and the summary card."""
+import math
 import re
 import warnings
 
@@ -59,6 +60,26 @@ def test_layout_charts_name_logged_tags(singular):
     rank_chart = next(c for c in layout.category[0].chart if c.title.startswith("rank of Ψ"))
     assert [t for t in scalars if any(re.match(r, t) for r in rank_chart.multiline.tag)] == ["psi/rank",
                                                                                           "psi/num_samples"]
+
+
+def test_quantities_that_span_decades_are_charted_as_log10_and_each_verdict_on_its_own_chart(singular):
+    _, events = singular
+    layout = _layout(events)
+    for plain, logged in (("psi/sigma_min", "psi/log10_sigma_min"), ("psi/condition_number",
+                                                                     "psi/log10_condition_number"),
+                          ("valley/escape_residual", "valley/log10_escape_residual")):
+        values = [e.value for e in events.Scalars(plain)]
+        assert [e.value for e in events.Scalars(logged)] == pytest.approx([math.log10(v) for v in values], rel=1e-6)
+    charted = [(chart.title, list(chart.multiline.tag)) for category in layout.category for chart in category.chart]
+    linear = {*dashboard._tags("psi/", "sigma_min", "condition_number"), *dashboard._tags("valley/", "escape_residual")}
+    assert not any(linear & set(tags) for _, tags in charted)  # the log10 series instead
+    verdicts = {"psi/full_rank", "valley/lemma21_certified", "valley/per_sample_certified", "valley/escape_applies",
+                "valley/escape_in_sublevel_set", "valley/assumption31_satisfied", "valley/cross_entropy_model"}
+    for tag in verdicts:
+        (title, tags), = [(title, tags) for title, tags in charted if any(re.match(t, tag) for t in tags)]
+        assert len(tags) == 1 and title.endswith("(0/1; read with Smoothing 0)"), title
+    singular_psi = {"sigma_min": 0.0, "condition_number": math.inf, "rank": 3.0}  # no log10 point at this epoch
+    assert dashboard.with_log10(singular_psi, dashboard.PSI_LOG_SCALE) == singular_psi
 
 
 @pytest.mark.filterwarnings("ignore:LossValleyMonitor.:UserWarning")
@@ -179,6 +200,16 @@ def test_summary_card_marks_a_vacuous_bound():
     assert "vacuous (> 1)" in texts and "solved" in texts and "—" in texts  # no validation: no agreement
     texts = _card_texts({**metrics, "compression_bound": 0.4, "kkt_residual": 1e-3})
     assert "vacuous (> 1)" not in texts and "test-error bound" in texts and "not solved!" in texts
+
+
+def test_summary_card_shows_significant_digits_and_the_scope():
+    """A margin ratio of 2.4e-9 and a cosine of 9e-8 (a whole CIFAR network) read 0.000 with three decimals."""
+    metrics = {"n_support": 495.0, "support_fraction": 0.99, "margin_ratio": 2.4e-9, "cosine_wbar_v": 9e-8,
+               "val_agreement": 1.0, "kkt_residual": 1e-12, "compression_bound": 3e5}
+    fig, ax = plot_summary_card(metrics, epoch=26, scope="whole network")
+    texts = [t.get_text() for t in ax.texts]
+    assert "network support vectors of the whole network, epoch 26" in texts
+    assert {"2.4e-09", "9e-08", "0.99", "1"} <= set(texts) and "0.000" not in texts
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """Data modules against values computed independently from their sources."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -463,3 +465,29 @@ def test_validating_on_other_data_is_allowed():
     other.load_state_dict(trained.state_dict())
     with pytest.raises(ValueError, match="the training subset is not the one the checkpoint records"):
         other.check_training_indices()
+
+
+def test_the_official_gz_files_are_read_as_they_are(mnist, tmp_path):
+    """MNIST's download comes as train-images-idx3-ubyte.gz, ...: torchvision 0.29 reads them only unpacked."""
+    import gzip
+
+    root, written = mnist
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in BinaryMNISTDataModule.files:
+        (raw / (Path(name).name + ".gz")).write_bytes(gzip.compress((root / name).read_bytes()))
+    packed, unpacked = (_ready(BinaryMNISTDataModule(root=str(where), m=30, seed=1)) for where in (tmp_path, root))
+    for split in ("train_dataset", "val_dataset"):
+        for a, b in zip(getattr(packed, split).tensors, getattr(unpacked, split).tensors):
+            assert torch.equal(a, b)
+    assert not list(raw.glob("*-ubyte"))  # nothing unpacked beside them
+    (raw / "t10k-labels-idx1-ubyte.gz").write_bytes(b"<html>404</html>")
+    with pytest.raises(ValueError, match=r"(?s)cannot read the test files.*t10k-labels-idx1-ubyte: read from "
+                                         r"t10k-labels-idx1-ubyte.gz, which is no whole gzip file.*--data.download true"):
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")
+
+
+def test_a_missing_file_names_the_download_argument_in_python_and_on_the_command_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"(?s)\(or the same names with .gz.*Pass `download=True` \(on the "
+                                                r"command line `--data.download true`\) on a machine with internet"):
+        BinaryMNISTDataModule(root=str(tmp_path)).setup("fit")

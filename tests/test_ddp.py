@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_nsv.artifacts import load_support_vectors, reproduce
+from tests.timeouts import timeout_for
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
@@ -17,7 +18,7 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     script = Path(__file__).with_name("ddp_fit.py")
     done = subprocess.run([sys.executable, str(script), str(tmp_path), kind], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=timeout_for(15))
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0["zero_error_epoch"] is not None
@@ -43,7 +44,7 @@ def _psi_ranks(tmp_path, mode):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     script = Path(__file__).with_name("ddp_psi_fit.py")
     done = subprocess.run([sys.executable, str(script), str(tmp_path), mode], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=timeout_for(12))
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((tmp_path / f"psi_rank{r}.json").read_text()) for r in (0, 1)]
 

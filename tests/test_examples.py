@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_nsv.experiments import markdown_table, read_csv, summarise, write_csv
+from tests.timeouts import timeout_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ["sv_vs_m", "sv_vs_width", "sv_vs_depth", "bound_vs_depth", "cnn_fc_depth", "agreement_table",
@@ -94,7 +95,7 @@ def test_bound_vs_depth_reuses_depth_trials(examples, tmp_path):
 
 def test_script_entry_point_parses_flags():
     result = subprocess.run([sys.executable, str(EXAMPLES / "bound_vs_depth.py"), "--help"], capture_output=True,
-                            text=True, cwd=EXAMPLES.parent, timeout=120)
+                            text=True, cwd=EXAMPLES.parent, timeout=timeout_for(7))
     assert result.returncode == 0, result.stderr
     for flag in ("--out", "--trials", "--data-root", "--max-epochs", "--quick", "--from-trials"):
         assert flag in result.stdout
@@ -222,3 +223,17 @@ def test_head_vs_whole_quick(examples, tmp_path):
         (head["n_support"], whole["n_support"]), (head["n_support"], resnet["n_support"]),
         (whole["n_support"], resnet["n_support"])]
     assert all(0 <= o["shared"] <= min(o["size_first"], o["size_second"]) for o in overlap)
+
+
+@pytest.mark.parametrize("config", sorted((EXAMPLES / "configs").glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_config_logs_like_the_demo(config):
+    """A TensorBoard logger under runs/<config name> without Lightning's hp_metric session: without it the logs went
+    to ./lightning_logs, the package warned about its own config and HParams showed only `hp_metric -1`."""
+    import yaml
+
+    trainer = yaml.safe_load(config.read_text())["trainer"]
+    logger = trainer.get("logger") or {}
+    assert logger.get("class_path") == "TensorBoardLogger", f"{config.name}: no TensorBoard logger block"
+    assert logger["init_args"] == {"save_dir": f"runs/{config.stem}", "name": "tensorboard",
+                                   "default_hp_metric": False}, config.name
+    assert trainer["default_root_dir"] == f"runs/{config.stem}", config.name

@@ -26,6 +26,7 @@ from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kern
 from lightning_nsv.plotting import plt
 from lightning_nsv.ticks import power_of_ten
 from tests.reference import materialise_phi
+from tests.timeouts import timeout_for
 
 
 def _network(bias: bool, seed: int = 0, widths=(4, 3), in_features: int = 2) -> PathNetwork:
@@ -250,7 +251,7 @@ def test_importing_the_package_leaves_the_matplotlib_backend_and_pyplot_alone(tm
         "fig.savefig(r'%s')\n"
         "print(matplotlib.get_backend(), plt.get_fignums())\n" % (tmp_path / "alpha.png")
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_for(6))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["svg", "[]"]  # not switched to Agg; no figure left open in pyplot
     assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"
@@ -262,3 +263,35 @@ def test_figures_render_to_rgb_for_image_loggers():
     fig, _ = alpha_histogram(np.linspace(1e-3, 1, 20))
     image = _rgb(fig)
     assert image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8 and image.std() > 0
+
+
+def test_every_legend_is_large_enough_to_read():
+    """Legends of 7-8 points could not be read on TensorBoard's image card."""
+    from lightning_nsv.analysis.valley import escape_path, loss_surface_2d
+    from lightning_nsv.plotting import LEGEND_SIZE, plot_max_margin_approach
+    from lightning_nsv.psi import psi_spectrum
+
+    net = _network(True, seed=3)
+    x, y, svm = _separable_by_network(net, seed=4)
+    sv = svm.support_
+    grid = decision_grid(net, x[sv], y[sv], svm.alpha_[sv], svm.intercept_, extent=data_extent(x), resolution=5)
+    counts = agreement_counts({"val_errors_network": 7.0, "val_errors_svm": 5.0, "val_errors_both": 4.0,
+                               "val_agreement": 0.99})
+    rows = [{"m": m, "support_fraction": 0.2, "support_fraction_std": 0.01, "unique_patterns_train": m / 10,
+             "unique_patterns_val": 30.0, "reached": 3} for m in (100, 200, 400)]
+    psi = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    weight = torch.ones(3, requires_grad=True)
+    figures = [plot_decision_boundaries(grid, x, (y > 0).long(), sv), plot_agreement([3, 4], [counts, counts]),
+               plot_path_weights(net, path_signs(net)), plot_max_margin_approach([1, 10, 30], [0.1] * 3, [0.2] * 3),
+               plot_sweep(rows, "m", {"support_fraction": "s/m"}, xlabel="m", ylabel="s/m"),
+               plot_unique_patterns(rows, n_test=359), psi_spectrum(psi, spectrum="full").plot(),
+               escape_path(psi, torch.zeros(8, 3), torch.tensor([0, 1, 2, 0, 1, 2]), eps=0.1).plot(),
+               loss_surface_2d(lambda: (weight ** 2).sum(), [weight], span=1.0, num_points=3, seed=0).plot()]
+    legends = [ax.get_legend() for fig, _ in figures for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) >= len(figures)
+    for legend in legends:
+        sizes = [t.get_fontsize() for t in legend.get_texts()] + [legend.get_title().get_fontsize()] * bool(
+            legend.get_title().get_text())
+        assert min(sizes) >= LEGEND_SIZE >= 10, [t.get_text() for t in legend.get_texts()]
+    for fig, _ in figures:
+        plt.close(fig)

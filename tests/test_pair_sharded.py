@@ -13,6 +13,7 @@ from lightning_nsv.models.residual import SmallResNet
 from lightning_nsv.sharded import ColumnSharing
 from tests.test_pair_network import inputs, randomise_bn
 from tests.test_sharded import _free_port
+from tests.test_whole_network import two_classes
 
 M = 41  # shards of unequal length
 
@@ -21,6 +22,7 @@ def problem():
     torch.manual_seed(3)
     net = randomise_bn(SmallResNet(1, 1, 2, (1, 1))).eval()
     x = inputs((1, 8, 8), n=M, seed=2)
+    two_classes(net, x)
     with torch.no_grad():
         y = (net(x) > 0).long()
     return net, x, y

@@ -361,10 +361,11 @@ def test_initial_guess_does_not_change_the_solution(problem, n_initial):
 
 @st.composite
 def network_separated(draw):
-    """A network and samples it classifies with ``|N(x)|`` bounded away from 0 (Assumption 1)."""
+    """A network and samples of both classes that it classifies with ``|N(x)|`` bounded away from 0 (Assumption 1;
+    the analysis refuses one class)."""
     net = draw(networks(slopes=solver_betas))
     assume(path_norm_squared(net) > 0)
-    m = draw(st.integers(1, 10))
+    m = draw(st.integers(2, 10))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     pool = _values(rng, "gauss", (60, net.in_features), 1.0)
     outputs, _ = forward_with_slopes(net, pool)
@@ -372,8 +373,9 @@ def network_separated(draw):
     keep = outputs.abs() >= 0.05 * phi.norm(dim=1) * math.sqrt(path_norm_squared(net))
     keep &= outputs != 0
     index = torch.nonzero(keep).flatten()[:m]
-    assume(len(index) >= 1)
-    return net, pool[index], torch.where(outputs[index] >= 0, 1, -1)
+    labels = torch.where(outputs[index] >= 0, 1, -1)
+    assume(len(torch.unique(labels)) == 2)
+    return net, pool[index], labels
 
 
 @settings(max_examples=examples(30), **PROFILE)

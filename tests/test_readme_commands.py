@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lightning_nsv.cli import main
+from tests.timeouts import timeout_for
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = [ROOT / "README.md", ROOT / "examples" / "README.md", ROOT / "benchmarks" / "README.md"]
@@ -85,7 +86,7 @@ def test_the_demo_command_runs_as_written(tmp_path):
     demo = _setup_commands()[0].split("&&")[-1].strip()
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # a fresh directory holding the repository's examples
     done = subprocess.run(shlex.split(demo) + ["--data.init_args.m=200"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=timeout_for(12), env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "network support vectors:" in done.stdout
     assert list((tmp_path / "runs" / "digits_mlp").rglob("support_vectors_epoch*.pt"))

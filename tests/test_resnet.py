@@ -14,6 +14,7 @@ from lightning_nsv.compat import Callback, pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.models import ResNetClassifier, SmallResNet
 from lightning_nsv.models.layers import eval_mode
+from tests.test_whole_network import two_classes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -95,6 +96,7 @@ def test_whole_network_analysis_reads_every_gate_of_the_resnet():
     torch.manual_seed(0)
     model = ResNetClassifier(in_channels=1, width=2, blocks=[1, 1]).double()
     x = torch.randn(30, 1, 8, 8, dtype=torch.float64)
+    two_classes(model, x)  # the analysis refuses one class
     with torch.no_grad(), eval_mode(model):
         y = (model(x) > 0).long()  # labels the network fits: Assumption 1 holds
     result = whole_network_support_vectors(model, x, y)

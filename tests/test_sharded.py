@@ -12,6 +12,7 @@ from lightning_nsv.sharded import ColumnSharing, ShardedKernelColumns
 from lightning_nsv.support_vectors import network_support_vectors, serve_kernel_columns
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
+from tests.timeouts import timeout_for
 
 CASES = {"relu": dict(beta=0.0, bias=False), "leaky, biases": dict(beta=0.1, bias=True)}
 
@@ -77,7 +78,7 @@ def test_two_ranks_computing_the_columns_give_the_single_process_solution():
         p.start()
     shared = {}
     for _ in procs:
-        shared.update(queue.get(timeout=300))
+        shared.update(queue.get(timeout=timeout_for(10)))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

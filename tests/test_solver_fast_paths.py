@@ -279,7 +279,7 @@ def test_labels_intercept_and_duplicates_are_refused_clearly():
     with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0.0, 0.5, 1.0\\]"):
         signed_labels(torch.tensor([0.0, 0.5, 1.0]))
     positive = forward_with_slopes(net, x)[0] > 0
-    with pytest.raises(ValueError, match="intercept=True needs samples of both classes, got only label 1"):
+    with pytest.raises(ValueError, match=r"every training label is positive \(1\): with one class"):
         network_support_vectors(net, x[positive], torch.ones(int(positive.sum())), intercept=True)
     x_dup, y_dup = torch.cat([x, x[:1]]), torch.cat([y, 1 - y[:1]])
     with pytest.raises(NotSeparableError, match=f"samples 0 and {len(y)} have the same input and opposite labels"):

@@ -33,7 +33,7 @@ def test_compression_bound_by_hand():
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("beta", [0.0, 0.1, -1.0])
 def test_analysis_against_materialised_path_space(bias, beta):
-    net = random_net((3, 2), in_features=3, beta=beta, bias=bias, seed=11)
+    net = random_net((3, 2), in_features=3, beta=beta, bias=bias, seed=30)  # both classes for every beta, bias
     x, y = self_labelled(net, 40, seed=1)
     x_val, y_val = self_labelled(net, 25, seed=2)
     y_val[:3] = 1 - y_val[:3]
@@ -106,8 +106,8 @@ def test_misclassified_training_sample_is_refused():
         network_support_vectors(net, x, y)
     dead = PathNetwork((torch.ones(2, 3, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)), None,
                        (0.0,), (1.0,))
-    with pytest.raises(NotSeparableError, match="1 of them with N\\(x\\) = 0"):
-        network_support_vectors(dead, -torch.ones(1, 3), torch.ones(1))
+    with pytest.raises(NotSeparableError, match="2 of them with N\\(x\\) = 0"):
+        network_support_vectors(dead, -torch.tensor([[1.0, 1, 1], [2, 2, 2]]), torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="binary labels must be 0/1 or -1/\\+1, got values \\[0, 1, 2\\]"):
         network_support_vectors(net, x, torch.arange(20) % 3)
     np.testing.assert_array_equal(signed_labels(torch.tensor([0, 1, -1, 1])).numpy(), [-1, 1, -1, 1])
@@ -178,3 +178,26 @@ def test_report_marks_a_compression_bound_above_one_as_vacuous():
         infinite = dataclasses.replace(analysis, bound=math.inf).report().splitlines()[-1]
         assert infinite.endswith("): inf — vacuous (s = m: every sample is a support vector, says nothing about "
                                  "the error)")
+
+
+def test_reports_print_tiny_ratios_and_cosines_with_significant_digits():
+    """A whole CIFAR network's margin ratio 2.4e-9 and cosine 9e-8 printed as "ratio 0.0000" and "0.0001"."""
+    import dataclasses
+
+    from lightning_nsv.multiclass import multiclass_support_vectors
+    from tests.test_multiclass import random_net as multiclass_net, self_labelled as multiclass_labelled
+
+    net = random_net((3, 2), in_features=3, seed=30)
+    x, y = self_labelled(net, 40, seed=1)
+    binary = dataclasses.replace(network_support_vectors(net, x, y), margin_ratio=2.4e-9, cosine=9e-8)
+    assert "(ratio 2.4e-09); cosine(wbar, v) = 9e-08" in binary.report()
+    three = multiclass_net((4,), num_outputs=3, seed=51)
+    x3, y3 = multiclass_labelled(three, 30, seed=52)
+    for method in ("exact", "ovr"):
+        analysis = multiclass_support_vectors(three, x3, y3, method=method)
+        tiny = dataclasses.replace(analysis, margin_ratio=None if method == "ovr" else 2.4e-9, cosine=9e-8,
+                                   per_class_margin_ratio=analysis.per_class_margin_ratio and (3e-9,) * 3,
+                                   per_class_cosine=analysis.per_class_cosine and (4e-8,) * 3)
+        report = tiny.report()
+        assert "cosine(Wc, V) = 9e-08" in report
+        assert ("(ratio 2.4e-09)" in report) if method == "exact" else ("(ratio 3e-09), cosine 4e-08" in report)

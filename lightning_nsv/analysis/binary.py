@@ -14,7 +14,8 @@ from torchmetrics.functional.classification import binary_accuracy
 
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.checks import (check_analysis_memory, check_dense_fits, check_finite_network,
-                                           check_finite_samples, check_samples, misclassified_message)
+                                           check_finite_samples, check_samples, check_two_classes,
+                                           misclassified_message)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS, first_candidates, kernel_columns
 from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, path_kernel, path_kernel_diagonal,
@@ -148,10 +149,10 @@ class SupportVectorAnalysis(SupportVectorResult):
     def report(self) -> str:
         """A short human-readable summary."""
         return "\n".join([
-            f"network support vectors: {self.n_support} of m={self.m} (s/m = {self.n_support / self.m:.4f}), "
+            f"network support vectors: {self.n_support} of m={self.m} (s/m = {self.n_support / self.m:.4g}), "
             f"solver {self.svm.method}, KKT residual {self.svm.kkt_residual:.1e}",
             f"max margin 1/||v|| = {self.svm.margin:.4g}; network margin = {self.network_margin:.4g} "
-            f"(ratio {self.margin_ratio:.4f}); cosine(wbar, v) = {self.cosine:.4f}",
+            f"(ratio {self.margin_ratio:.4g}); cosine(wbar, v) = {self.cosine:.4g}",
             *self._report_end(self.n_hidden),
         ])
 
@@ -261,9 +262,7 @@ def _training_set(x_train: Tensor, y_train: Tensor, intercept: bool, device: tor
     y = signed_labels(y_train).to(device)
     if len(y) != len(x_train):
         raise ValueError(f"x_train has {len(x_train)} samples and y_train {len(y)}")
-    if intercept and len(torch.unique(y)) < 2:
-        raise ValueError(f"intercept=True needs samples of both classes, got only label {int(y[0])} in all "
-                         f"{len(y)} samples; use intercept=False (the hyperplane through the origin)")
+    check_two_classes(y, 1)
     return x_train, y
 
 

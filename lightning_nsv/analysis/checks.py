@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable
+from typing import Any, Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -13,7 +14,8 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel.network import PathNetwork
 
 __all__ = ["available_memory_bytes", "check_analysis_memory", "check_finite_network", "check_finite_samples",
-           "check_finite_weights", "check_memory", "check_samples", "conflicting_duplicates", "misclassified_message"]
+           "check_finite_weights", "check_memory", "check_samples", "check_two_classes", "class_name",
+           "conflicting_duplicates", "misclassified_message", "one_class_message"]
 
 
 def check_samples(x_train: Tensor, x_val: Tensor | None = None, y_val=None) -> None:
@@ -32,6 +34,31 @@ def check_samples(x_train: Tensor, x_val: Tensor | None = None, y_val=None) -> N
         raise ValueError(f"x_val has {len(x_val)} samples and y_val {len(y_val)}")
     if x_val.is_floating_point():
         check_finite_samples(x_val.reshape(len(x_val), -1), "validation inputs")
+
+
+def class_name(label: Any, num_outputs: int) -> str:
+    """A label as a reader names it: ``class 2`` (K outputs), ``positive (1)`` or ``negative (0 or -1)`` (one)."""
+    return f"class {int(label)}" if num_outputs > 1 else ("positive (1)" if label > 0 else "negative (0 or -1)")
+
+
+def one_class_message(label: Any, num_outputs: int) -> str:
+    """Why a training set of one class (``label``) is not analysed: what zero error and the max margin then mean."""
+    return (f"every training label is {class_name(label, num_outputs)}: with one class, zero training error only asks "
+            "the network to give every sample that class, and the max-margin classifier through the origin of one "
+            "class has no second class to separate it from (its margin and support vectors describe no decision "
+            "boundary)")
+
+
+def check_two_classes(y: Tensor | np.ndarray, num_outputs: int) -> None:
+    """Refuse training labels (±1 for one output, class indices for ``num_outputs`` ≥ 2) of one class, ``m = 1``
+    included, as :class:`~lightning_nsv.callbacks.NetworkSupportVectors` does."""
+    values = np.unique(y.detach().cpu().numpy() if isinstance(y, Tensor) else np.asarray(y))
+    if len(values) > 1:
+        return
+    m = len(y)
+    sample = "x_train holds one sample (m = 1), so " if m == 1 else ""
+    raise ValueError(f"{sample}{one_class_message(values[0], num_outputs)}; the support-vector analysis needs "
+                     "training samples of at least two classes (check the labels, the split or the filtering)")
 
 
 def check_finite_network(net: PathNetwork) -> None:

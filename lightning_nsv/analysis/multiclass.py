@@ -16,7 +16,7 @@ from torchmetrics.functional.classification import multiclass_accuracy
 from lightning_nsv.analysis.binary import kernel_to_support
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.checks import (check_analysis_memory, check_finite_network, check_finite_samples,
-                                           check_samples)
+                                           check_samples, check_two_classes)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, output_gram, path_kernel_diagonal,
@@ -137,16 +137,16 @@ class MulticlassSupportVectorAnalysis(SupportVectorResult):
         per_class = ", ".join(f"{k}: {n}" for k, n in enumerate(svm.n_support_per_class))
         lines = [
             f"network support vectors ({self.num_classes} classes, {self.method}): {self.n_support} of m={self.m} "
-            f"(s/m = {self.n_support / self.m:.4f}), KKT residual {svm.kkt_residual:.1e}",
+            f"(s/m = {self.n_support / self.m:.4g}), KKT residual {svm.kkt_residual:.1e}",
             f"support vectors per class{' problem' if self.method == 'ovr' else ''}: {per_class}",
         ]
         if isinstance(svm, MulticlassMaxMarginResult):
             lines.append(
                 f"max margin 1/||V|| = {svm.margin:.4g} ({svm.n_support_pairs} support pairs); network margin = "
-                f"{self.network_margin:.4g} (ratio {self.margin_ratio:.4f}); cosine(Wc, V) = {self.cosine:.4f}"
+                f"{self.network_margin:.4g} (ratio {self.margin_ratio:.4g}); cosine(Wc, V) = {self.cosine:.4g}"
             )
         else:
-            lines.append(f"network margin = {self.network_margin:.4g}; cosine(Wc, V) = {self.cosine:.4f}")
+            lines.append(f"network margin = {self.network_margin:.4g}; cosine(Wc, V) = {self.cosine:.4g}")
             lines.extend(self._class_lines())
         return "\n".join(lines + self._report_end(self.side_bits))
 
@@ -155,7 +155,7 @@ class MulticlassSupportVectorAnalysis(SupportVectorResult):
         return [
             f"  class {k}: not separable from the rest" if msg is not None else
             f"  class {k}: margin {self.svm.margins[k]:.4g}, network margin {self.per_class_network_margin[k]:.4g} "
-            f"(ratio {self.per_class_margin_ratio[k]:.4f}), cosine {self.per_class_cosine[k]:.4f}"
+            f"(ratio {self.per_class_margin_ratio[k]:.4g}), cosine {self.per_class_cosine[k]:.4g}"
             for k, msg in enumerate(self.svm.not_separable)
         ]
 
@@ -227,6 +227,7 @@ def multiclass_support_vectors(
     outputs, slopes_train = forward_with_slopes(net, x_train)
     check_finite_samples(outputs, "network outputs")
     y = class_labels(y_train, num_classes, len(outputs))
+    check_two_classes(y, num_classes)
     margins = _check_zero_error(outputs, y)
     x_train = analysis_inputs(x_train.reshape(len(y), -1), net.dtype)
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()

@@ -9,17 +9,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples
+from lightning_nsv.errors import NonFiniteError, check_has_data
+from lightning_nsv.analysis.checks import check_finite_samples as _check_finite_samples, check_samples, \
+    check_two_classes
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.solver.multiclass import pair_margins
 from lightning_nsv.solver.options import SOLVERS
 from lightning_nsv.solver.result import NotSeparableError
 
-__all__ = ["check_arguments", "check_input_shape", "check_zero_error"]
+__all__ = ["check_arguments", "check_input_shape", "check_scope_name", "check_zero_error"]
 
 
 def _check_finite_module(module: nn.Module) -> None:
+    check_has_data([*module.named_parameters(), *module.named_buffers()], f"the module ({type(module).__name__})")
     for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
         for name, t in named:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -95,6 +97,14 @@ def check_input_shape(module: nn.Module, x_train: Tensor, x_val: Tensor | None =
                          f"x_train's are {shape[1:]}")
 
 
+def check_scope_name(scope_name: object) -> None:
+    """Refuse a ``scope_name`` that is no non-empty string (``None`` gave "path kernel of the None: …")."""
+    if not isinstance(scope_name, str) or not scope_name.strip():
+        raise ValueError("`scope_name` must be a non-empty string that says what the module is, for the report's "
+                         "first line \"path kernel of the <scope_name>: …\" (e.g. \"whole network\", the default, "
+                         f"or \"layers after the trunk `features`\"), got {scope_name!r}")
+
+
 def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: float) -> None:
     if solver not in SOLVERS:
         raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
@@ -105,13 +115,16 @@ def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: 
     if len(y_train) != m:
         raise ValueError(f"x_train has {m} samples and y_train {len(y_train)}")
     _check_finite_module(module)
+    check_has_data([("x_train", x_train)] + ([] if x_val is None else [("x_val", x_val)]), "the data",
+                   "pass the inputs themselves, on the CPU or a GPU")
     _check_finite_samples(x_train.reshape(m, -1), "training inputs")
     check_input_shape(module, x_train, x_val)
 
 
 def check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
     """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
-    refuses unless every one is positive (Assumption 1)."""
+    refuses a training set of one class (``m = 1`` included), and unless every margin is positive (Assumption 1)."""
+    check_two_classes(y, 1 if binary else outputs.shape[1])
     if binary:
         margins = (y * outputs[:, 0]).numpy()
         wrong, boundary, requirement = margins <= 0, margins == 0, "y·N(x) > 0"

@@ -27,7 +27,7 @@ def rebuild_module(artifact: SupportVectorArtifact) -> torch.nn.Module:
             "(an instance of your module; its weights are loaded from the file)"
         )
     module = _import(artifact.module_class)(**artifact.module_hparams)
-    module.load_state_dict(artifact.module_state)
+    load_saved_weights(artifact, module, given=False)
     return module
 
 
@@ -92,8 +92,33 @@ def _rebuilt(artifact: SupportVectorArtifact, module: torch.nn.Module | None) ->
     """``module`` with the saved weights, or the module rebuilt from the file."""
     if module is None:
         return rebuild_module(artifact)
-    module.load_state_dict(artifact.module_state)
+    load_saved_weights(artifact, module)
     return module
+
+
+def load_saved_weights(artifact: SupportVectorArtifact, module: torch.nn.Module, given: bool = True) -> None:
+    """The saved weights into ``module``; a module of other parameter names or shapes is refused with them (torch's
+    own "Error(s) in loading state_dict" said neither that it is not the analysed module nor what to pass)."""
+    saved, own = artifact.module_state, module.state_dict()
+    differences = [f"{key}: {tuple(own[key].shape)} here, {tuple(saved[key].shape)} saved" for key in own
+                   if key in saved and tuple(own[key].shape) != tuple(saved[key].shape)]
+    for keys, what in (([k for k in saved if k not in own], "saved, not in this module"),
+                       ([k for k in own if k not in saved], "in this module, not saved")):
+        if keys:
+            differences.append(f"{what}: {', '.join(keys[:5])}{f', … ({len(keys)} in all)' if len(keys) > 5 else ''}")
+    if not differences:
+        module.load_state_dict(saved)
+        return
+    source = "the `module=` passed" if given else f"the module rebuilt from {artifact.module_class}"
+    hparams = artifact.module_hparams
+    arguments = "" if hparams is None else ", ".join(f"{key}={value!r}" for key, value in hparams.items())
+    recorded = "" if hparams is None else (f", as recorded: {artifact.module_class.rpartition('.')[2]}({arguments}), "
+                                           "or module=None to rebuild it from the file")
+    fix = (f"pass a {type(module).__name__} built with the analysed run's init arguments{recorded}" if given
+           else "its code has changed since the analysis; use the code of the analysed run")
+    raise ArtifactMismatchError(
+        f"{source} ({type(module).__name__}) differs from the module analysed in {artifact.path} "
+        f"({artifact.module_class}): {'; '.join(differences[:6])}. Its weights cannot be loaded; {fix}")
 
 
 def collect(dataset, module: torch.nn.Module, transform: Callable[[Tensor], Tensor],

@@ -14,17 +14,27 @@ the ``TensorBoardLogger`` of either Lightning package is served; other loggers g
   Loggers without a ``SummaryWriter`` (CSV, W&B, MLflow) get them at the global step, as before: W&B refuses a step
   below one it has seen.
 - :func:`register_hparams`: the HParams tab. See :func:`select_hparams` for which hyperparameters are shown.
+- :func:`with_log10`: numbers that span decades (σ_min of Ψ, its condition number, the escape path's residual; 1e-15
+  to 1e18) also as ``log10_<key>``, which the layout draws: on a linear axis they run off TensorBoard's charts.
+
+TensorBoard's Smoothing slider (0.6 by default, in the Scalars and the Custom Scalars tabs) draws each series as an
+exponential moving average of its points, ``s_t = w·s_{t−1} + (1 − w)·x_t`` with ``w`` the slider's value, divided
+by ``1 − w^t``, with the raw points faint behind it: a 0/1 verdict series (``psi/full_rank``,
+``valley/escape_applies``, …) is drawn between 0 and 1 (a 1 after a 0 reads 0.63, the next 1 0.82). The layout
+therefore gives each verdict its own chart, titled with what 1 means and "read with Smoothing 0": the slider at 0
+draws the verdicts as they were logged.
 """
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from typing import Any, Iterable, Sequence
 
 from lightning_nsv.compat import rank_zero_warn
 
 __all__ = ["HEADLINE", "hparams_metrics", "log_scalars", "nsv_charts", "psi_charts", "register_hparams",
-           "select_hparams", "tensorboard_writers", "valley_charts", "write_layout"]
+           "select_hparams", "tensorboard_writers", "valley_charts", "with_log10", "write_layout"]
 
 #: The numbers a researcher reads first, in this order: the first columns of the HParams table (it shows five by
 #: default) and the rows of the summary card.
@@ -65,26 +75,52 @@ def nsv_charts(prefix: str = "nsv/", per_class: bool = False,
     return "support vectors", charts
 
 
+def with_log10(metrics: dict[str, float], keys: Sequence[str]) -> dict[str, float]:
+    """``metrics`` and ``log10_<key>`` of each of ``keys`` that is finite and positive (at an epoch where it is 0 or
+    inf, e.g. σ_min of a singular Ψ, that point is left out of the log10 series; the plain one has it)."""
+    logged = dict(metrics)
+    for key in keys:
+        value = metrics.get(key)
+        if value is not None and math.isfinite(value) and value > 0:
+            logged[f"log10_{key}"] = math.log10(value)
+    return logged
+
+
+def _verdicts(prefix: str, meanings: dict[str, str]) -> dict[str, list[Any]]:
+    """One chart per 0/1 verdict (six to a chart, smoothed, read as 0.6–0.9 without a legend), titled with what 1
+    means and the smoothing that shows it as logged."""
+    return {f"{key}: 1 = {meaning} (0/1; read with Smoothing 0)": ["Multiline", _tags(prefix, key)]
+            for key, meaning in meanings.items()}
+
+
+PSI_LOG_SCALE = ("sigma_min", "condition_number")
+VALLEY_LOG_SCALE = ("escape_residual",)
+
+
 def psi_charts(prefix: str = "psi/") -> tuple[str, dict[str, list[Any]]]:
-    """The "Ψ" category: its rank against N, σ_min, the condition number and the full-rank verdict."""
+    """The "Ψ" category: its rank against N, log10 of σ_min and of the condition number, the full-rank verdict."""
     return "Ψ", {
         "rank of Ψ against N (equal = the no-bad-valley condition holds)": [
             "Multiline", _tags(prefix, "rank", "num_samples")],
-        "σ_min of Ψ": ["Multiline", _tags(prefix, "sigma_min")],
-        "condition number of Ψ": ["Multiline", _tags(prefix, "condition_number")],
-        "full rank (1 = rank N)": ["Multiline", _tags(prefix, "full_rank")],
+        "log10 σ_min of Ψ": ["Multiline", _tags(prefix, "log10_sigma_min")],
+        "log10 condition number of Ψ": ["Multiline", _tags(prefix, "log10_condition_number")],
+        **_verdicts(prefix, {"full_rank": "rank Ψ = N"}),
     }
 
 
 def valley_charts(prefix: str = "valley/") -> tuple[str, dict[str, list[Any]]]:
-    """The "valley" category: the verdicts (1 = holds), and the mean loss against Lemma 2.1's threshold."""
+    """The "valley" category: each verdict on its own chart, the mean loss against Lemma 2.1's threshold and log10
+    of the escape path's residual."""
     return "valley", {
-        "verdicts (1 = holds)": ["Multiline", _tags(prefix, "lemma21_certified", "per_sample_certified",
-                                                    "escape_applies", "escape_in_sublevel_set",
-                                                    "assumption31_satisfied", "cross_entropy_model")],
+        **_verdicts(prefix, {"lemma21_certified": "mean loss < log(2)/N (Lemma 2.1)",
+                             "per_sample_certified": "every per-sample loss < log 2",
+                             "escape_applies": "the escape-path certificate applies",
+                             "escape_in_sublevel_set": "the escape path stays in the sublevel set",
+                             "assumption31_satisfied": "Assumption 3.1 holds",
+                             "cross_entropy_model": "the model trains with the cross-entropy"}),
         "mean cross-entropy against log(2)/N (Lemma 2.1)": ["Multiline", _tags(prefix, "mean_loss",
                                                                                 "lemma21_threshold")],
-        "escape path: relative residual of Ψ V* = Y t*": ["Multiline", _tags(prefix, "escape_residual")],
+        "escape path: log10 relative residual of Ψ V* = Y t*": ["Multiline", _tags(prefix, "log10_escape_residual")],
     }
 
 

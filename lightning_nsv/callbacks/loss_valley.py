@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_nsv.callbacks.dashboard import valley_charts
+from lightning_nsv.callbacks.dashboard import VALLEY_LOG_SCALE, valley_charts, with_log10
 from lightning_nsv.callbacks.nsv_checks import _check_integer
 from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
@@ -100,7 +100,8 @@ class LossValleyMonitor(_SkipNetworkMonitor):
     - ``valley/per_sample_certified``: 1.0 if every per-sample loss ``< log 2``.
     - ``valley/escape_start_loss``, ``valley/escape_target_loss``, ``valley/escape_max_loss``: loss at V, at
       V* (ε/2 when exact) and the maximum along the segment.
-    - ``valley/escape_residual``: relative residual of ``Ψ V* = Y t*``.
+    - ``valley/escape_residual``: relative residual of ``Ψ V* = Y t*``; ``valley/log10_escape_residual`` its log10,
+      where positive (the Custom Scalars tab draws it).
     - ``valley/escape_applies``: 1.0 if the residual is within tolerance (the certificate holds).
     - ``valley/escape_in_sublevel_set``: 1.0 if the maximum along the path is ``<= max(start, target)``.
     - ``valley/escape_convexity_gap``: largest excess of the curve over its chord (≤ 0 up to rounding).
@@ -289,10 +290,11 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         return lines
 
     def _logged(self, metrics: dict[str, float]) -> dict[str, float]:
-        """All metrics but the norm of V* where the certificate does not apply (the summary says why)."""
-        if metrics.get("escape_applies", 1.0):
-            return metrics
-        return {key: value for key, value in metrics.items() if key != "escape_target_norm"}
+        """All metrics but the norm of V* where the certificate does not apply (the summary says why), and the escape
+        residual also as log10 (it spans decades)."""
+        if not metrics.get("escape_applies", 1.0):
+            metrics = {key: value for key, value in metrics.items() if key != "escape_target_norm"}
+        return with_log10(metrics, VALLEY_LOG_SCALE)
 
     def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
         return valley_charts(self.prefix)

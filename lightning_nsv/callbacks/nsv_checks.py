@@ -20,7 +20,7 @@ from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import signed_labels
-from lightning_nsv.analysis.checks import conflicting_duplicates
+from lightning_nsv.analysis.checks import conflicting_duplicates, one_class_message
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.solver.multiclass import class_labels, pair_margins
@@ -129,10 +129,6 @@ HEAD_CHECK_SAMPLES = 64
 
 def _values(row: Tensor) -> str:
     return ", ".join(f"{v:.6g}" for v in row[:4].tolist()) + (", ..." if len(row) > 4 else "")
-
-
-def _class_name(label: Any, num_outputs: int) -> str:
-    return f"class {int(label)}" if num_outputs > 1 else ("positive (1)" if label > 0 else "negative (0 or -1)")
 
 
 def _head_forward(path: PathPart, x: Tensor) -> Tensor:
@@ -266,11 +262,8 @@ class ZeroErrorChecks:
             return True
         self._single_class = first
         self._warn_once(
-            f"NetworkSupportVectors: every training label is {_class_name(first, self._path.num_outputs)}: with one "
-            "class, zero training error only asks the network to give every sample that class, and the max-margin "
-            "classifier through the origin of one class has no second class to separate it from (its margin and "
-            "support vectors describe no decision boundary), so the support-vector analysis does not run and no "
-            "file is written. Check the data module's labels, split or filtering."
+            f"NetworkSupportVectors: {one_class_message(first, self._path.num_outputs)}, so the support-vector "
+            "analysis does not run and no file is written. Check the data module's labels, split or filtering."
         )
         return False
 

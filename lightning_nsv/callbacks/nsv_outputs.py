@@ -108,7 +108,7 @@ class AnalysisOutputs:
         vectors, and for a binary head its decision boundaries and path weights."""
         from lightning_nsv.plotting import plot_summary_card
 
-        sink.figure("nsv/summary", plot_summary_card(metrics, epoch)[0], trainer.global_step)
+        sink.figure("nsv/summary", plot_summary_card(metrics, epoch, scope=self._scope_label)[0], trainer.global_step)
         if self.history:
             from lightning_nsv.plotting import plot_max_margin_approach
 

@@ -198,6 +198,13 @@ class ScopeChoice:
     def _whole(self) -> bool:
         return isinstance(self._path, WholeNetwork)
 
+    @property
+    def _scope_label(self) -> str:
+        """What was analysed, in a few words (the summary card's heading)."""
+        if self._whole or (self._head is not None and _parameter_free(self._head.embedding)):
+            return "whole network"
+        return "head only (trunk fixed)"
+
     def _report_of(self, analysis: Any) -> str:
         """The analysis' report, its first line saying what was analysed."""
         report = analysis.report()

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_nsv.callbacks.dashboard import hparams_metrics, log_scalars, psi_charts, register_hparams, write_layout
+from lightning_nsv.callbacks.dashboard import (PSI_LOG_SCALE, hparams_metrics, log_scalars, psi_charts,
+                                              register_hparams, with_log10, write_layout)
 from lightning_nsv.callbacks.nsv_checks import _check_integer
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
@@ -216,6 +217,8 @@ class PsiRankMonitor(_SkipNetworkMonitor):
     - ``psi/num_samples``: N.
     - ``psi/num_units``: M.
     - ``psi/full_rank``: 1.0 if rank = N, else 0.0.
+    - ``psi/log10_sigma_min``, ``psi/log10_condition_number``: their log10, where finite and positive (the Custom
+      Scalars tab draws these: σ_min spans 1e-15 to 1e2).
 
     Figure (TensorBoard, an image-logging logger, or PNG files under ``<log_dir>/figures``): ``psi/spectrum``,
     the singular values on a log scale with the tolerance.
@@ -304,6 +307,10 @@ class PsiRankMonitor(_SkipNetworkMonitor):
 
     def _summary(self) -> list[str]:
         return [spectrum_summary(self.last_metrics)]
+
+    def _logged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """All metrics, and σ_min and the condition number also as log10 (they span decades)."""
+        return with_log10(metrics, PSI_LOG_SCALE)
 
     def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
         return psi_charts(self.prefix)

@@ -336,6 +336,10 @@ class EpochBatchSampler(DistributedSampler):
         return math.ceil(self.num_samples / self.batch_size)
 
 
+# how to let a data module download, in Python and on the command line
+DOWNLOAD = "`download=True` (on the command line `--data.download true`)"
+
+
 class TorchvisionDataModule(ClassificationDataModule):
     """A :class:`ClassificationDataModule` read by a torchvision dataset class from files under ``root``.
 
@@ -358,6 +362,7 @@ class TorchvisionDataModule(ClassificationDataModule):
     max_value = 255.0
     source_classes = 10
     files: tuple[str, ...] = ()
+    _layout_note = ""  # what else the layout may hold, said when files are missing
 
     def __init__(self, root: str, download: bool = False, **kwargs: Any) -> None:
         if not isinstance(root, (str, os.PathLike)):
@@ -394,8 +399,8 @@ class TorchvisionDataModule(ClassificationDataModule):
             raise ValueError(
                 f"{type(self).__name__} cannot read the {'training' if train else 'test'} files "
                 f"({type(err).__name__}: {err}); corrupt or truncated (an interrupted download or copy?):\n{found}\n"
-                "Delete the file and download it again (`download=True` on a machine with internet access, which "
-                "checks the archive's md5 sum), or copy it anew."
+                f"Delete the file and download it again with {DOWNLOAD} on a machine with internet access, which "
+                "checks the archive's md5 sum, or copy it anew."
             ) from err
 
     def _check_source(self, x: Tensor, y: Tensor) -> None:
@@ -420,13 +425,18 @@ class TorchvisionDataModule(ClassificationDataModule):
                 self._torchvision(train, download=True)
         self._check_files()
 
+    def _has_file(self, name: str) -> bool:
+        """Whether the data file ``name`` of :attr:`files` is there to be read."""
+        return (self.root / name).is_file()
+
     def _check_files(self) -> None:
-        missing = [name for name in self.files if not (self.root / name).is_file()]
+        missing = [name for name in self.files if not self._has_file(name)]
         if missing:
             expected = "\n".join(f"  {self.root / name}" for name in self.files)
             raise FileNotFoundError(
                 f"{type(self).__name__} found no {', '.join(missing)} under {self.root}. Expected the layout\n"
-                f"{expected}\nPass `download=True` on a machine with internet access to fetch them into `root`."
+                f"{expected}{self._layout_note}\nPass {DOWNLOAD} on a machine with internet access to fetch them into "
+                "`root`."
             )
 
     def _load(self) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:

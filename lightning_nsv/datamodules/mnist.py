@@ -1,10 +1,14 @@
-"""MNIST read by torchvision from a local root."""
+"""MNIST read by torchvision from a local root (or, for the official ``.gz`` files, read here)."""
 from __future__ import annotations
 
+import gzip
 import math
 import struct
+import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
+import torch
 from torch import Tensor
 from torchvision.datasets import MNIST
 
@@ -15,7 +19,8 @@ class BinaryMNISTDataModule(TorchvisionDataModule):
     """MNIST through ``torchvision.datasets.MNIST``; the held-out set is the official test set.
 
     Binary task: digits 0-4 -> 0, 5-9 -> 1; ``task="multiclass"``: the digit. ``x`` is (1, 28, 28) in
-    [0, 1]. torchvision 0.29 reads the uncompressed IDX files under ``root/MNIST/raw`` (see :attr:`files`).
+    [0, 1]. torchvision 0.29 reads the uncompressed IDX files under ``root/MNIST/raw`` (see :attr:`files`); where
+    only the official ``.gz`` files are there (``train-images-idx3-ubyte.gz``, ...), they are read as they are.
 
     Args:
         root: Directory that holds ``MNIST/raw``.
@@ -42,14 +47,39 @@ class BinaryMNISTDataModule(TorchvisionDataModule):
         for kind, dims in (("images", 3), ("labels", 1))
     )
 
-    def _torchvision(self, train: bool, download: bool = False) -> MNIST:
-        return MNIST(self.root, train=train, download=download)
+    _layout_note = "\n(or the same names with .gz, as the official files come: they are read as they are)"
+
+    def _torchvision(self, train: bool, download: bool = False) -> MNIST | SimpleNamespace:
+        """torchvision's MNIST, or for ``.gz`` files (which torchvision reads only after unpacking them) their
+        images and labels as ``data`` and ``targets``."""
+        if download or all((self.root / name).is_file() for name in self._split_files(train)):
+            return MNIST(self.root, train=train, download=download)
+        images, labels = (idx_tensor(self._file_bytes(self.root / name)) for name in self._split_files(train))
+        return SimpleNamespace(data=images, targets=labels.long())
+
+    def _has_file(self, name: str) -> bool:
+        return any(path.is_file() for path in _forms(self.root / name))
+
+    @staticmethod
+    def _file_bytes(path: Path) -> bytes:
+        """The bytes of the IDX file ``path``, or of ``path.gz`` unpacked in memory."""
+        if path.is_file():
+            return path.read_bytes()
+        packed = _forms(path)[1]
+        try:
+            return gzip.decompress(packed.read_bytes())
+        except (OSError, EOFError, zlib.error) as err:
+            raise ValueError(f"read from {packed.name}, which is no whole gzip file ({type(err).__name__}: {err})") \
+                from None
 
     def _split_files(self, train: bool) -> tuple[str, ...]:
         return self.files[:2] if train else self.files[2:]
 
     def _file_problem(self, path: Path) -> str | None:
-        data = path.read_bytes()
+        try:
+            data = self._file_bytes(path)
+        except ValueError as err:
+            return str(err)
         problem = idx_file_problem(data)
         if problem is not None:
             return problem
@@ -87,3 +117,18 @@ def idx_file_problem(data: bytes) -> str | None:
     if len(data) != expected:
         return f"{len(data):,} bytes, its header announces {expected:,}"
     return None
+
+
+def _forms(path: Path) -> tuple[Path, Path]:
+    """An IDX file as torchvision reads it and as the official download comes, ``<name>.gz``."""
+    return path, path.with_name(path.name + ".gz")
+
+
+def idx_tensor(data: bytes) -> Tensor:
+    """The uint8 tensor of the bytes of an IDX file (refused with :func:`idx_file_problem`'s reason)."""
+    problem = idx_file_problem(data)
+    if problem is not None:
+        raise ValueError(problem)
+    ndim = data[3]
+    sizes = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(sizes)

@@ -8,6 +8,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from lightning_nsv.errors import check_has_data
+
 __all__ = ["PathNetwork"]
 
 
@@ -60,6 +62,8 @@ class PathNetwork:
         dtype: torch.dtype = torch.float64,
     ) -> "PathNetwork":
         """Detached copies on the CPU in ``dtype``."""
+        check_has_data([(f"weights[{k}]", w) for k, w in enumerate(weights)]
+                       + [(f"biases[{k}]", b) for k, b in enumerate(biases or ())], "the network's head")
         cast = lambda ts: tuple(t.detach().to("cpu", dtype).clone() for t in ts)  # noqa: E731
         return cls(cast(weights), None if biases is None else cast(biases), tuple(map(float, betas)),
                    tuple(map(float, gammas)))

@@ -65,6 +65,7 @@ def mlp_sequential(
             f"sizes must be positive, got in_features={in_features}, widths={list(widths)}, "
             f"out_features={out_features}"
         )
+    check_layers_fit(in_features, widths, out_features, bias)
     layers: list[nn.Module] = [nn.Flatten()] if flatten else []
     fan_in = in_features
     for width in widths:
@@ -72,6 +73,21 @@ def mlp_sequential(
         fan_in = width
     layers.append(nn.Linear(fan_in, out_features, bias=bias))
     return nn.Sequential(*layers)
+
+
+def check_layers_fit(in_features: int, widths: Sequence[int], out_features: int, bias: bool = True) -> None:
+    """Refuse, before torch allocates them, Linear layers whose parameters do not fit in the memory available
+    (``widths=[200000, 200000]`` ended in torch's "[enforce fail at alloc_cpu.cpp] … bytes")."""
+    from lightning_nsv.analysis.checks import check_memory  # the core's check; imported here, it imports models
+
+    sizes = [in_features, *widths, out_features]
+    count = sum(a * b + (b if bias else 0) for a, b in zip(sizes, sizes[1:]))
+    item = torch.empty((), dtype=torch.get_default_dtype()).element_size()
+    nbytes = count * item
+    check_memory(nbytes, f"Linear layers of sizes {'→'.join(map(str, sizes))} hold {count:,} parameters, "
+                         f"{nbytes:,} bytes ({nbytes / 1e9:.1f} GB) in {torch.get_default_dtype()}",
+                 "choose narrower layers (training needs about 3-4 times that again for gradients and optimizer "
+                 "state)")
 
 
 class PlainHookAttributes:

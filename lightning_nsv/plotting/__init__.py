@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt  # for the examples; the package's figures never touch pyplot's state
 
-from lightning_nsv.plotting.base import (CARD_WIDTH, NEGATIVE, POSITIVE, REGION_NEGATIVE, REGION_POSITIVE,
-                                         error_bar_caption, plot_axes, short_number)
+from lightning_nsv.plotting.base import (CARD_WIDTH, LEGEND_SIZE, NEGATIVE, POSITIVE, REGION_NEGATIVE,
+                                         REGION_POSITIVE, error_bar_caption, plot_axes, short_number)
 from lightning_nsv.plotting.certificates import plot_escape_path, plot_loss_surface, plot_psi_spectrum
 from lightning_nsv.plotting.runs import (agreement_counts, plot_agreement, plot_jaccard_matrix, plot_support_stability,
                                          plot_sweep, plot_unique_patterns)
@@ -39,8 +39,8 @@ from lightning_nsv.plotting.support import (GridDecisions, alpha_histogram, data
                                             plot_path_weights)
 from lightning_nsv.plotting.summary import plot_summary_card, summary_verdict
 
-__all__ = ["CARD_WIDTH", "GridDecisions", "agreement_counts", "alpha_histogram", "data_extent", "decision_grid",
-           "error_bar_caption", "image_grid", "max_margin_decision", "plot_agreement", "plot_axes",
+__all__ = ["CARD_WIDTH", "GridDecisions", "LEGEND_SIZE", "agreement_counts", "alpha_histogram", "data_extent",
+           "decision_grid", "error_bar_caption", "image_grid", "max_margin_decision", "plot_agreement", "plot_axes",
            "plot_decision_boundaries", "plot_escape_path", "plot_jaccard_matrix", "plot_loss_surface",
            "plot_max_margin_approach", "plot_path_weights", "plot_psi_spectrum", "plot_summary_card",
            "plot_support_stability", "plot_sweep", "plot_unique_patterns", "short_number", "summary_verdict"]

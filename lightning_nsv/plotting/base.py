@@ -10,6 +10,8 @@ NEGATIVE, POSITIVE = "tab:red", "tab:blue"
 REGION_NEGATIVE, REGION_POSITIVE = "#f4c7c3", "#c6dbef"
 
 CARD_WIDTH = 4.5  # inches: 450 pixels at 100 dpi, near TensorBoard's image card
+# legends (and their titles) in points: 7-8 could not be read on TensorBoard's image card (issue 43)
+LEGEND_SIZE = 10
 
 
 def short_number(value: float) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from lightning_nsv.plotting.base import plot_axes
+from lightning_nsv.plotting.base import LEGEND_SIZE, plot_axes
 from lightning_nsv.ticks import unicode_log_ticks
 
 
@@ -30,7 +30,7 @@ def plot_psi_spectrum(spectrum: Any, ax: Any = None) -> tuple[Any, Any]:
     ax.set(xlabel="index i (descending order)", ylabel="singular value σᵢ of Ψ",
            title=f"Ψ: N={spectrum.num_samples}, M={spectrum.num_units}, rank={spectrum.rank}, "
                  f"κ={spectrum.condition_number:.2e} ({spectrum.method})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=LEGEND_SIZE)
     return fig, ax
 
 
@@ -45,7 +45,7 @@ def plot_escape_path(path: Any, ax: Any = None) -> tuple[Any, Any]:
     unicode_log_ticks(ax.yaxis)
     status = "" if path.applies else f" (does not apply: residual {path.residual:.1e})"
     ax.set(xlabel="λ", ylabel="mean cross-entropy", title=f"escape path to V*{status}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=LEGEND_SIZE)
     return fig, ax
 
 
@@ -59,5 +59,5 @@ def plot_loss_surface(surface: Any, ax: Any = None) -> tuple[Any, Any]:
     ax.plot([0], [0], "w*", ms=8, label="current weights")
     ax.set(xlabel="step along direction 1 (t₁)", ylabel="step along direction 2 (t₂)",
            title="loss surface, filter-normalised slice")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=LEGEND_SIZE, loc="upper right")
     return fig, ax

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from matplotlib.ticker import MaxNLocator, NullFormatter
 import numpy as np
 
-from lightning_nsv.plotting.base import CARD_WIDTH, POSITIVE, _subplots, error_bar_caption
+from lightning_nsv.plotting.base import CARD_WIDTH, LEGEND_SIZE, POSITIVE, _subplots, error_bar_caption
 from lightning_nsv.ticks import unicode_log_ticks
 
 
@@ -38,8 +38,8 @@ def plot_agreement(labels: Sequence[Any], counts: Sequence[dict[str, float]], xl
     ax.set_xticks(where, [str(v) for v in labels])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("misclassified validation samples")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
-              title=caption, title_fontsize=7)
+    ax.legend(fontsize=LEGEND_SIZE, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
+              title=caption, title_fontsize=LEGEND_SIZE)
     twin = ax.twinx()
     twin.plot(where, [100 * c["agreement"] for c in counts], "k.-")
     twin.set_ylabel("agreement network / SVM (%)")
@@ -83,7 +83,8 @@ def plot_sweep(
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, title=error_bar_caption(rows, x) if caption is None else caption, title_fontsize=8)
+    ax.legend(fontsize=LEGEND_SIZE, title=error_bar_caption(rows, x) if caption is None else caption,
+              title_fontsize=LEGEND_SIZE)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig, ax
@@ -98,7 +99,7 @@ def plot_unique_patterns(rows: Sequence[dict[str, Any]], n_test: int | None = No
     ax.plot(ms, ms, "k--", lw=0.8, label="m (one per sample)")
     if n_test is not None:
         ax.axhline(n_test, color="0.5", ls=":", lw=0.8, label=f"test samples ({n_test})")
-    ax.legend(fontsize=8, title=error_bar_caption(rows, "m"), title_fontsize=8)
+    ax.legend(fontsize=LEGEND_SIZE, title=error_bar_caption(rows, "m"), title_fontsize=LEGEND_SIZE)
     return fig, ax
 
 

@@ -28,19 +28,23 @@ def summary_verdict(metrics: dict[str, float]) -> str:
     return f"s = {int(s):,}" + (f" of {round(s / fraction):,} ({100 * fraction:.1f}%)" if fraction else "")
 
 
-def plot_summary_card(metrics: dict[str, float], epoch: int | None = None, title: str | None = None) -> tuple[Any, Any]:
+def plot_summary_card(metrics: dict[str, float], epoch: int | None = None, title: str | None = None,
+                      scope: str | None = None) -> tuple[Any, Any]:
     """A card of s, s/m, margin ratio, cosine, agreement, KKT residual and the compression bound (marked vacuous
     above 1, where it says nothing), under a one-line verdict in large text (:func:`summary_verdict`).
 
     ``metrics``: the analysis' ``to_metrics()`` (keys without the ``nsv/`` prefix); a missing or non-finite number is
-    shown as "—". Returns ``(fig, ax)``.
+    shown as "—", the others with three significant digits (a margin ratio of 2.4e-9 reads ``2.4e-09``, not
+    ``0.000``). ``scope``: what was analysed ("whole network", "head only (trunk fixed)"), in the heading. Returns
+    ``(fig, ax)``.
     """
     fig, ax = _subplots(figsize=(CARD_WIDTH, 3.2))
     fig.subplots_adjust(left=0.03, right=0.97, top=0.97, bottom=0.03)
     ax.set_axis_off()
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    heading = title or ("network support vectors" + ("" if epoch is None else f", epoch {epoch}"))
+    heading = title or ("network support vectors" + ("" if scope is None else f" of the {scope}")
+                        + ("" if epoch is None else f", epoch {epoch}"))
     ax.text(0.0, 0.99, heading, fontsize=9, color="0.35", va="top")
     ax.text(0.0, 0.90, summary_verdict(metrics), fontsize=17, weight="bold", va="top")
     y = 0.64
@@ -64,7 +68,7 @@ def _row(ax: Any, y: float, label: str, value: float | None, shown: str | None =
     ax.text(0.0, y, label, fontsize=10, va="center")
     color = NEGATIVE if alarm else "black"
     if shown is None:
-        shown = "—" if value is None else f"{value:.3f}"
+        shown = "—" if value is None else f"{value:.3g}"
     ax.text(0.56, y, shown, fontsize=10, va="center", ha="right", weight="bold", color=color)
     if note is not None:
         ax.text(0.60, y, note, fontsize=10, va="center", color=color if alarm else "0.35")

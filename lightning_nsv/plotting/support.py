@@ -17,8 +17,8 @@ from torch import Tensor
 from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.kernel.path_signs import PathSigns, path_signs
-from lightning_nsv.plotting.base import (CARD_WIDTH, NEGATIVE, POSITIVE, REGION_NEGATIVE, REGION_POSITIVE,
-                                         _subplots)
+from lightning_nsv.plotting.base import (CARD_WIDTH, LEGEND_SIZE, NEGATIVE, POSITIVE, REGION_NEGATIVE,
+                                         REGION_POSITIVE, _subplots)
 from lightning_nsv.analysis.binary import max_margin_decision, signed_labels
 from lightning_nsv.ticks import unicode_log_ticks
 
@@ -192,7 +192,7 @@ def plot_decision_boundaries(
         if support is not None and len(support):
             handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="none", mec="k",
                                       label=f"{len(support)} support vectors"))
-        axes[0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=3,
+        axes[0].legend(handles=handles, fontsize=LEGEND_SIZE, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=3,
                        frameon=False)
     if own_figure:
         fig.tight_layout()
@@ -223,7 +223,7 @@ def plot_path_weights(net: PathNetwork, signs: PathSigns | None = None):
     graph.set_ylim(-0.8, height + 0.1)
     graph.plot([], [], color=POSITIVE, label="positive weight")
     graph.plot([], [], color=NEGATIVE, label="negative weight")
-    graph.legend(loc="lower center", fontsize=7, ncol=2)
+    graph.legend(loc="lower center", fontsize=LEGEND_SIZE, ncol=2)
     negative_mass = 1 - signs.positive_mass_fraction
     negative_count = signs.negative_count / signs.num_paths
     bars.bar([0, 1], [signs.positive_count_fraction, signs.positive_mass_fraction], color=POSITIVE, label="positive")
@@ -234,7 +234,7 @@ def plot_path_weights(net: PathNetwork, signs: PathSigns | None = None):
     bars.set_ylabel("fraction")
     bars.set_title(f"w̄ > 0 on {100 * signs.positive_count_fraction:.1f}% of paths,\n"
                    f"{100 * signs.positive_mass_fraction:.2f}% of path mass", fontsize=8)
-    bars.legend(fontsize=7, loc="lower right")
+    bars.legend(fontsize=LEGEND_SIZE, loc="lower right")
     fig.tight_layout()
     return fig, (graph, bars)
 
@@ -257,6 +257,6 @@ def plot_max_margin_approach(epochs: Sequence[float], cosine: Sequence[float], m
     ax.set_ylabel("value (1 = max-margin)")
     ax.set_ylim(0, 1.05)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=LEGEND_SIZE, loc="lower right")
     fig.tight_layout()
     return fig, ax
