@@ -194,7 +194,6 @@ def test_a_scope_name_that_is_no_text_is_refused(scope_name):
     check_scope_name("layers after the trunk `features`")
 
 
-@pytest.mark.xfail(strict=True, reason="whole_network.py (another session's file) does not call check_scope_name yet")
 def test_whole_network_support_vectors_refuses_scope_name_none():
     from lightning_nsv.analysis import whole_network_support_vectors
 

@@ -34,7 +34,8 @@ from lightning_nsv.kernel import (
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
-from lightning_nsv.analysis.whole_network_checks import check_arguments, check_input_shape, check_zero_error
+from lightning_nsv.analysis.whole_network_checks import (check_arguments, check_input_shape, check_scope_name,
+                                                         check_zero_error)
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
 from lightning_nsv.solver import initial_indices, max_margin, pair_max_margin
@@ -223,6 +224,7 @@ def whole_network_support_vectors(
         ValueError: on labels, options, or memory that does not suffice.
     """
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
+    check_scope_name(scope_name)
     if not is_count(block_bytes) or block_bytes < 1:
         raise ValueError(f"`block_bytes` must be a positive integer (bytes of one block of the pair network), "
                          f"got {block_bytes!r}")
