@@ -107,6 +107,38 @@ def train(x: torch.Tensor, y: torch.Tensor, args) -> tuple[torch.nn.Module, dict
     return net, {"epochs": epochs, "train_s": time.perf_counter() - start, "relabelled": relabelled, "labels": y}
 
 
+def epoch_seconds(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int = 2) -> float:
+    """The fastest of ``epochs`` float32 training epochs of a copy of ``net`` over ``x`` (Adam, batches of 128,
+    forward, backward and step: the unit the analysis is measured in)."""
+    import copy
+
+    net = copy.deepcopy(net).float().train()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    best = float("inf")
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for batch in torch.randperm(len(x)).split(128):
+            opt.zero_grad()
+            F.binary_cross_entropy_with_logits(net(x[batch]), y[batch].float()).backward()
+            opt.step()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def floor_us(net: torch.nn.Module, x: torch.Tensor, threads: int) -> tuple[float, dict]:
+    """The floor of a pair (``benchmarks/pair_floor.py``: operations by kind × this machine's rates), µs on
+    ``threads`` threads, and the operation counts."""
+    sys.path.insert(0, str(HERE))
+    from pair_floor import KINDS, counts, rates
+
+    from lightning_nsv.kernel import trace
+    from lightning_nsv.kernel.fused import pair_program
+
+    ops = counts(pair_program(trace(net, x[:8])))
+    rate = rates(repeats=3)
+    return sum(ops[k] * rate[k] for k in KINDS) / 1e3 / threads, ops
+
+
 def _signs(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Labels 1 where the float64 eval-mode output is > 0, else 0 (``N = 0`` is wrong for either label)."""
     net.eval()
@@ -117,15 +149,17 @@ def _signs(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------- one size
-def _count_pairs() -> list:
-    """The analysis's :class:`PairNetworkColumns`, collected as it makes them (their ``pairs_evaluated``)."""
+def _count_pairs(engine: str = "auto") -> list:
+    """The analysis's :class:`PairNetworkColumns`, collected as it makes them (their ``pairs_evaluated``), on
+    ``engine`` (``"reference"``: the torch factored pair network the compiled program replaced)."""
     import lightning_nsv.analysis.whole_network as whole
+    from lightning_nsv.kernel import PairNetworkColumns
 
     made = []
 
-    class Counted(whole.PairNetworkColumns):
+    class Counted(PairNetworkColumns):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **{**kwargs, "engine": engine})
             made.append(self)
 
     whole.PairNetworkColumns = Counted
@@ -174,13 +208,28 @@ def one_size(args) -> dict:
     start = time.perf_counter()
     if profiler:
         profiler.enable()
-    analysis = whole_network_support_vectors(net, x, y, block_bytes=args.block_mib << 20)
+    analysis = whole_network_support_vectors(net, x, y, block_bytes=args.block_mib << 20, time_budget=None)
     if profiler:
         profiler.disable()
     record.update(analysis_s=time.perf_counter() - start, peak_rss_mib=_peak_mib(),
                   n_support=len(analysis.svm.support_), margin=float(analysis.svm.margin),
                   margin_ratio=float(analysis.margin_ratio), cosine=float(analysis.cosine), scope=analysis.scope,
-                  pairs=sum(c.pairs_evaluated for c in made), threads=torch.get_num_threads())
+                  pairs=sum(c.pairs_evaluated for c in made), threads=torch.get_num_threads(),
+                  engine=analysis.kernel_engine)
+    if analysis.estimate is not None:
+        e = analysis.estimate
+        record.update(estimate_pairs=e.pairs, estimate_us=e.seconds_per_pair * 1e6,
+                      estimate_s=e.seconds + e.spent_seconds)
+    record["epoch_s"] = epoch_seconds(net, x, y)
+    record["floor_us"], record["ops"] = floor_us(net, x, torch.get_num_threads())
+    if args.reference_max and m <= args.reference_max:  # the torch factored network, same process and data
+        made = _count_pairs("reference")
+        start = time.perf_counter()
+        old = whole_network_support_vectors(net, x, y, block_bytes=args.block_mib << 20, time_budget=None, say=None)
+        record.update(reference_s=time.perf_counter() - start, reference_pairs=sum(c.pairs_evaluated for c in made),
+                      reference_same_support=sorted(old.svm.support_.tolist()) == sorted(
+                          analysis.svm.support_.tolist()),
+                      reference_margin_rel_diff=abs(old.svm.margin - analysis.svm.margin) / old.svm.margin)
     if device.type == "cuda":
         record["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     if profiler:
@@ -204,13 +253,13 @@ def one_size(args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-GPU_NOTE = ("Everything after training runs on the module's device (`--device cuda`: the trace's float64 snapshot, "
-            "gates and their packed bits, pair-network blocks, the column cache and the torch solver). A block of the "
-            "pair network is elementwise float64 work on per-pair maps and int16 bit counts, so a GPU run is bound by "
-            "memory bandwidth: an estimate, not measured, is 20-50x the pairs per second of these 2 shared cores "
-            "(about 3 TB/s against the ~10-20 GB/s these cores reach on such streams), with `--block-mib 1024` so "
-            "that blocks are large enough to fill it. No GPU was lent for this run; "
-            "`python benchmarks/whole_network_scale.py --device cuda --block-mib 1024` is the command.")
+GPU_NOTE = ("Everything after training runs on the module's device (`--device cuda`). There the compiled pair program "
+            "runs as torch operations over batches of pairs (engine 'torch', the same instructions as the numba "
+            "runner, tested equal on the CPU); the gates, the column cache and the torch solver stay on the device. "
+            "Not measured here: no GPU was lent. An estimate from the program's arithmetic (about 45,000 operations "
+            "a pair for SmallResNet(16), most of them streaming passes over per-pair maps of 1,024 float64 values) "
+            "and an H100's ~3 TB/s: 0.1-0.3 µs a pair, 10-30x these two cores. The command: "
+            "`python benchmarks/whole_network_scale.py --device cuda --block-mib 1024 --sizes 2000 10000`.")
 
 
 def markdown(records: list[dict], args, command: str) -> str:
@@ -225,25 +274,40 @@ def markdown(records: list[dict], args, command: str) -> str:
         "",
         f"Data: {data}. Network: `SmallResNet(3, 1, width={args.width}, blocks={tuple(args.blocks)})` trained "
         "with Adam to zero training error (eval mode, float64); `relabelled` counts samples still wrong after "
-        f"{args.train_seconds:.0f} s of training, labelled by the network's own sign.",
+        f"{args.train_seconds:.0f} s of training, labelled by the network's own sign. `epoch s`: the fastest of two "
+        "float32 training epochs of the same network over the same samples (Adam, batches of 128), in the same "
+        "process; `floor`: the pair's operations by kind times this machine's rate for each (`pair_floor.py`), "
+        "over the threads; `reference`: the same analysis with the torch factored pair network the compiled "
+        "program replaced (`engine='reference'`).",
         "",
-        "| m | device | epochs | train s | relabelled | analysis s | pairs (m²) | µs a pair | peak RSS MiB (before) | support | "
-        "margin ratio | cosine | dense kernel s | dense pairs (m²) | dense solve s | same support |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| m | analysis s | epoch s | analysis / epoch | pairs (m²) | µs a pair | floor µs | × floor | "
+        "estimate: pairs at most, µs, s | peak RSS MiB (before) | support | reference s (× slower) | same support "
+        "| dense kernel s | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['m']:,} | | | | | failed: {r['error']} | | | | | | | | | | |")
+            lines.append(f"| {r['m']:,} | failed: {r['error']} |" + " |" * 13)
             continue
-        dense = [f"{r[k]:.1f}" if k in r else "—" for k in ("dense_kernel_s", "dense_solve_s")]
         squares = lambda k: f"{r[k]:,} ({r[k] / r['m'] ** 2:.2f})" if k in r else "—"  # noqa: E731
-        per_pair = f"{1e6 * r['analysis_s'] / r['pairs']:.1f}" if r.get("pairs") else "—"
-        lines.append(f"| {r['m']:,} | {r['device']} | {r['epochs']} | {r['train_s']:.0f} | {r['relabelled']} | "
-                     f"{r['analysis_s']:.1f} | {squares('pairs')} | {per_pair} | {r['peak_rss_mib']:.0f} "
-                     f"({r.get('rss_before_mib', float('nan')):.0f}) | "
-                     f"{r['n_support']} | {r['margin_ratio']:.3g} | {r['cosine']:.3g} | {dense[0]} | "
-                     f"{squares('dense_pairs')} | {dense[1]} | {r.get('dense_same_support', '—')} |")
-    lines += ["", f"Scope: {records[0].get('scope', '')}", "", "**GPU.** " + GPU_NOTE, ""]
+        per_pair = 1e6 * r["analysis_s"] / r["pairs"] if r.get("pairs") else float("nan")
+        estimate = f"{r['estimate_pairs']:,}, {r['estimate_us']:.2f}, {r['estimate_s']:.0f}" if "estimate_s" in r \
+            else "—"
+        reference = f"{r['reference_s']:.1f} ({r['reference_s'] / r['analysis_s']:.1f}×)" if "reference_s" in r \
+            else "—"
+        lines.append(
+            f"| {r['m']:,} | {r['analysis_s']:.1f} | {r['epoch_s']:.2f} | {r['analysis_s'] / r['epoch_s']:.1f} | "
+            f"{squares('pairs')} | {per_pair:.2f} | {r['floor_us']:.2f} | {per_pair / r['floor_us']:.1f} | "
+            f"{estimate} | {r['peak_rss_mib']:.0f} ({r.get('rss_before_mib', float('nan')):.0f}) | {r['n_support']} "
+            f"| {reference} | {r.get('reference_same_support', r.get('dense_same_support', '—'))} | "
+            f"{r['dense_kernel_s']:.1f} |" if "dense_kernel_s" in r else
+            f"| {r['m']:,} | {r['analysis_s']:.1f} | {r['epoch_s']:.2f} | {r['analysis_s'] / r['epoch_s']:.1f} | "
+            f"{squares('pairs')} | {per_pair:.2f} | {r['floor_us']:.2f} | {per_pair / r['floor_us']:.1f} | "
+            f"{estimate} | {r['peak_rss_mib']:.0f} ({r.get('rss_before_mib', float('nan')):.0f}) | {r['n_support']} "
+            f"| {reference} | {r.get('reference_same_support', '—')} | — |")
+        lines[-1] += f" {r['train_s']:.0f} |"
+    lines += ["", f"Scope: {records[0].get('scope', '')}; kernel: {records[0].get('engine', '')}", "",
+              "**GPU.** " + GPU_NOTE, ""]
     for r in records:
         if "profile" in r:
             lines += [f"## Profile of the analysis at m = {r['m']:,} (cProfile, own time)", "", "```",
@@ -261,6 +325,8 @@ def parse(argv=None):
     p.add_argument("--device", default="cpu", help="where the analysis runs (training runs on the CPU)")
     p.add_argument("--block-mib", type=int, default=128, help="memory of one pair-network block (block_bytes)")
     p.add_argument("--dense-max", type=int, default=500, help="largest m that also builds the dense kernel")
+    p.add_argument("--reference-max", type=int, default=0,
+                   help="largest m that is also analysed with the torch factored pair network (engine='reference')")
     p.add_argument("--train-seconds", type=float, default=240.0, help="training time limit per size")
     p.add_argument("--profile", type=int, default=0, help="cProfile the first size: print this many functions")
     p.add_argument("--threads", type=int, default=2, help="torch threads")

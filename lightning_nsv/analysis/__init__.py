@@ -6,7 +6,8 @@
 - :mod:`~lightning_nsv.analysis.valley`: the loss-valley certificates of skip networks (DESIGN §3): Lemma 2.1,
   the escape path of Theorem 3.4, Assumption 3.1, a 2-D slice of the loss.
 - :mod:`~lightning_nsv.analysis.whole_network`: network support vectors of a whole piecewise-linear network
-  (DESIGN §2c): :func:`whole_network_support_vectors`, binary and K-class, with the scope of what was analysed.
+  (DESIGN §2c): :func:`whole_network_support_vectors`, binary and K-class, with the scope of what was analysed;
+  :func:`whole_network_cost`, what it will cost, before training.
 - :mod:`~lightning_nsv.analysis.stability`: support sets of several runs on one training set compared — s per
   run, pairwise Jaccard, the core, how many runs share each sample (``lightning-nsv compare``).
 
@@ -23,8 +24,8 @@ from lightning_nsv.analysis.stability import (
     compare_support_sets,
     write_comparison,
 )
-from lightning_nsv.analysis.whole_network import (WholeNetworkAnalysis, WholeNetworkMulticlassAnalysis,
-                                                  whole_network_support_vectors)
+from lightning_nsv.analysis.whole_network import (TimeBudgetError, WholeNetworkAnalysis, WholeNetworkMulticlassAnalysis,
+                                                  whole_network_cost, whole_network_support_vectors)
 from lightning_nsv.analysis.valley import (Assumption31Checks, EscapePath, Lemma21Certificate, LossSurface,
                                            assumption31_checks, escape_path, lemma21_certificate, loss_surface_2d)
 
@@ -32,4 +33,4 @@ __all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "ImagesUnavaila
            "Lemma21Certificate", "LossSurface", "PsiSpectrum", "SupportSetComparison", "assumption31_checks",
            "compare_support_sets", "escape_path", "lemma21_certificate", "loss_surface_2d", "psi_spectrum",
            "psi_spectrum_streaming", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis",
-           "whole_network_support_vectors", "write_comparison"]
+           "whole_network_cost", "whole_network_support_vectors", "write_comparison", "TimeBudgetError"]

@@ -11,8 +11,9 @@ kernel added (:class:`WholeNetworkAnalysis`, :class:`WholeNetworkMulticlassAnaly
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.analysis.whole_network_checks import (check_arguments, check_input_shape, check_scope_name,
                                                          check_zero_error)
+from lightning_nsv.analysis.whole_network_budget import (DEFAULT_TIME_BUDGET, AnalysisCost, CostEstimate, TimeBudgetError,
+                                                       estimate_cost, say_to_stderr)
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
 from lightning_nsv.solver import initial_indices, max_margin, pair_max_margin
@@ -47,11 +50,13 @@ from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
 from lightning_nsv.solver.options import is_count, solver_device as solver_backend_device
 
-__all__ = ["SignsNotComputed", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "memory_estimate",
-           "serve_whole_network_columns", "whole_network_support_vectors"]
+__all__ = ["SignsNotComputed", "TimeBudgetError", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis",
+           "memory_estimate", "serve_whole_network_columns", "whole_network_cost", "whole_network_support_vectors"]
 
 # validation samples whose kernel against the support is formed at once (see _cross_kernel)
 VALIDATION_CHUNK = 2048
+BUDGET_ADVICE = ("its head after a fixed embedding (network_support_vectors on the embedded inputs; "
+                 "NetworkSupportVectors(scope='head'))")
 
 
 class SignsNotComputed:
@@ -86,7 +91,12 @@ class _Scoped:
         return metrics
 
     def report(self) -> str:
-        return f"path kernel of the {self.scope}\n{super().report()}"
+        text = f"path kernel of the {self.scope}\n{super().report()}"
+        if self.kernel_pairs:
+            estimate = "" if self.estimate is None else (
+                f" (estimated at most {self.estimate.pairs:,}, {self.estimate.seconds_per_pair * 1e6:.2f} µs a pair)")
+            text += f"\nkernel: {self.kernel_engine}; {self.kernel_pairs:,} pairs of the pair network{estimate}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,9 @@ class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
 
     Extra attributes:
         scope: :func:`~lightning_nsv.kernel.scope_summary` as text ("whole network: 5 maps, 4 gate layers, …").
+        kernel_engine, kernel_pairs: how the kernel entries were computed (``PairNetworkColumns.engine``) and how many
+            pair-network evaluations the analysis ran (training kernel, diagonal, validation kernel).
+        estimate: the :class:`~lightning_nsv.analysis.whole_network_cost.CostEstimate` said before the solve.
         scope_counts: the same as numbers (``to_metrics()``: ``scope_maps``, ``scope_gate_layers``,
             ``scope_max_pools``, ``scope_gates``).
         signs: :data:`NOT_COMPUTED` (a :class:`SignsNotComputed`; its metrics are left out).
@@ -104,6 +117,9 @@ class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
     signs: object = NOT_COMPUTED
     scope: str = ""
     scope_counts: ScopeSummary | None = field(default=None, repr=False)
+    kernel_engine: str = ""
+    kernel_pairs: int = 0
+    estimate: CostEstimate | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,9 @@ class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
 
     scope: str = ""
     scope_counts: ScopeSummary | None = field(default=None, repr=False)
+    kernel_engine: str = ""
+    kernel_pairs: int = 0
+    estimate: CostEstimate | None = field(default=None, repr=False)
 
 
 # ------------------------------------------------------------------------------------------------- kernel parts
@@ -130,7 +149,7 @@ def _cat_gates(first: Gates, second: Gates) -> Gates:
 
 
 def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates, x_val: Tensor, gates_val: Gates,
-                  block_bytes: int) -> Tensor:
+                  block_bytes: int, on_pairs=None) -> Tensor:
     """``K(x_val, x_support)``, ``(n, s)`` float64 on the graph's device, from a :class:`PairNetworkColumns` over the
     support followed by a chunk of ``c`` validation samples (memory ``8·(s + c)·(f + s)`` bytes plus their gates):
     the pair network on the ``c×s`` pairs only, or for a Linear chain the first ``s`` columns by §1's GEMMs."""
@@ -142,6 +161,7 @@ def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates
                           x_val[lo:lo + len(idx)].to(graph.device, torch.float64)])
         columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
                                      memory_bytes=block_bytes, cache_bytes=0)
+        columns.on_pairs = on_pairs
         parts.append(columns.columns_tensor(torch.arange(s, device=graph.device), part=slice(s, None)))
     return torch.cat(parts) if parts else torch.zeros(0, s, dtype=torch.float64, device=graph.device)
 
@@ -165,6 +185,10 @@ def whole_network_support_vectors(
     tol: float = 1e-10,
     scope_name: str = "whole network",
     sharing: ColumnSharing | None = None,
+    time_budget: float | None = DEFAULT_TIME_BUDGET,
+    say: Callable[[str], None] | None = say_to_stderr,
+    progress: bool = True,
+    budget_advice: str = BUDGET_ADVICE,
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -184,9 +208,12 @@ def whole_network_support_vectors(
     max-pool selection.
 
     Cost: the trace and gates, one float64 forward (``m·scope_gates`` bytes of bits, ``4`` bytes per selection);
-    kernel columns by the pair network only for samples that enter the solver's free set (``8·m`` bytes each; on a
-    small CNN on 8×8 inputs about 5–12 ms a column at ``m = 1,000``, one CPU thread), and the diagonal (``m``
-    pair-network evaluations). Validation: the gates of ``x_val`` and the kernel between validation samples and the
+    the per-sample factors of the compiled pair program (:mod:`lightning_nsv.kernel.fused`; 37 KiB a sample for
+    SmallResNet(16) on 3×32×32); kernel columns by the pair network only for samples that enter the solver's free set
+    (``8·m`` bytes each), one evaluation a pair (about 3 µs for SmallResNet(16) on 3×32×32 on two CPU threads), up to
+    ``m(m + 1)/2`` pairs (whole networks keep most samples in the free set), and the diagonal (``m`` evaluations).
+    The rate is measured first on a tile of pairs, and the estimate is said (``say``) when the analysis will take
+    more than about 10 s, and checked against ``time_budget``. Validation: the gates of ``x_val`` and the kernel between validation samples and the
     ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
     validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` = :data:`VALIDATION_CHUNK`). What is allocated before the
     solve (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available before it is
@@ -215,9 +242,16 @@ def whole_network_support_vectors(
             group: the solver's kernel columns are computed by every rank on its shard of the rows
             (:class:`~lightning_nsv.kernel.pair_sharded.ShardedPairColumns`; the other ranks run
             :func:`serve_whole_network_columns` on the same module and inputs meanwhile).
+        time_budget: seconds (default an hour); the analysis is refused up front (:class:`TimeBudgetError`, saying
+            how many samples would fit) when its cost estimate is above it; ``None``: no limit.
+        say: where the estimate goes when the analysis will take more than about 10 s (default: stderr; ``None``:
+            not said).
+        progress: a bar of the pair-network evaluations against the estimate, with an ETA, for analyses that long.
+        budget_advice: what a refusal suggests besides a subsample (a caller with a head names it).
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
+        TimeBudgetError: when the estimate is above ``time_budget``.
         NonFiniteError: when parameters, buffers, inputs or outputs hold NaN or inf.
         NotSeparableError: when the network misclassifies a training sample (Assumption 1), naming how many and
             the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
@@ -225,6 +259,10 @@ def whole_network_support_vectors(
     """
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     check_scope_name(scope_name)
+    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) or
+                                    not time_budget > 0 or math.isnan(time_budget)):
+        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit), got {time_budget!r}")
+    started = time.perf_counter()
     if not is_count(block_bytes) or block_bytes < 1:
         raise ValueError(f"`block_bytes` must be a positive integer (bytes of one block of the pair network), "
                          f"got {block_bytes!r}")
@@ -238,19 +276,26 @@ def whole_network_support_vectors(
     y, y_val = _labels(y_train, y_val, num_outputs, m, None if x_val is None else len(x_val))
     if initial is not None:
         initial = initial_indices(initial, m)
-    analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
-                    memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
-                    delta=delta, scope_name=scope_name)
-    if x_val is not None:
-        analysis.update(_held_out(graph, analysis.pop("columns"), analysis.pop("gates"), analysis["svm"], y, x_val,
-                                  y_val, binary, block_bytes))
-    else:
-        del analysis["columns"], analysis["gates"]
+    cost = AnalysisCost(time_budget, say, progress, budget_advice, started)
+    try:
+        analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
+                        memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
+                        delta=delta, scope_name=scope_name, cost=cost)
+        columns = analysis.pop("columns")
+        if x_val is not None:
+            analysis.update(_held_out(graph, columns, analysis.pop("gates"), analysis["svm"], y, x_val, y_val, binary,
+                                      block_bytes, cost.validation_pairs))
+        else:
+            del analysis["gates"]
+    finally:
+        cost.close()
+    analysis.update(kernel_engine=columns.engine, kernel_pairs=cost.pairs + columns.pairs_evaluated,
+                    estimate=cost.estimate)
     return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
 
 
 def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initial, solver, tol, delta,
-         scope_name) -> dict:
+         scope_name, cost: AnalysisCost) -> dict:
     """Memory check, gates, Assumption 1, the columns (shared by the ranks with ``sharing``) and the solve: the
     fields of the analysis, with the ``columns`` and ``gates`` for the held-out step."""
     m, num_outputs = len(x_train), graph.num_outputs
@@ -264,6 +309,7 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
     margins = check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes,
                                  cache_bytes=cache_budget(parts["total"], budget, m))
+    cost.before_solve(columns, n_val, parts["total"])
     shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
     budgeted = BudgetedColumns(shared, parts["total"], budget)
     diag = budgeted.diagonal()
@@ -281,6 +327,23 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
                     scope_counts=scope)
     analysis.update(columns=columns, gates=gates)
     return analysis
+
+
+def whole_network_cost(module: nn.Module, x_sample: Tensor, m: int, n_val: int = 0, *,
+                       block_bytes: int = MEMORY_BYTES, memory_bytes: int | None = None) -> CostEstimate:
+    """What :func:`whole_network_support_vectors` of ``module`` on ``m`` training samples (and ``n_val`` validation
+    samples) will cost, before training: the pair network's rate measured on the samples ``x_sample`` (a few dozen
+    training inputs; the rate depends on the architecture, not the weights) and the memory the analysis allocates
+    before its solver (refused here already where it does not fit). A few tenths of a second."""
+    started = time.perf_counter()
+    check_input_shape(module, x_sample)
+    graph = _trace(module, x_sample)
+    parts = memory_estimate(graph, m, n_val, block_bytes)
+    budget = memory_budget(parts, memory_bytes, graph.device)
+    columns = PairNetworkColumns(graph, x_sample, compute_gates(graph, x_sample, memory_bytes=block_bytes),
+                                 memory_bytes=block_bytes, cache_bytes=0)
+    return estimate_cost(columns, n_val, parts["total"], time.perf_counter() - started, m=m,
+                         cached_columns=cache_budget(parts["total"], budget, m) // (8 * max(1, m)))
 
 
 def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_bytes: int = MEMORY_BYTES,
@@ -308,11 +371,12 @@ def _labels(y_train, y_val, num_outputs: int, m: int, n_val: int | None) -> tupl
     return y, None if y_val is None else torch.from_numpy(class_labels(y_val, num_outputs, n_val))
 
 
-def _held_out(graph, columns, gates, svm, y, x_val, y_val, binary: bool, block_bytes: int) -> dict:
+def _held_out(graph, columns, gates, svm, y, x_val, y_val, binary: bool, block_bytes: int, on_pairs) -> dict:
     """The SVM's decision on the validation samples (the kernel against the support) against the network's."""
     val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
     support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
-    kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes)
+    kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes,
+                           on_pairs)
     coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
         torch.from_numpy(svm.beta_[svm.support_])
     return _validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, graph.num_outputs)

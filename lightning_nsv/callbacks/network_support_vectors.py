@@ -29,6 +29,7 @@ from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
 from lightning_nsv.analysis.warm_start import serve_kernel_columns
 from lightning_nsv.analysis.whole_network import serve_whole_network_columns
+from lightning_nsv.analysis.whole_network_budget import DEFAULT_TIME_BUDGET
 from lightning_nsv.kernel.gram_cache import InputGramCache
 from lightning_nsv.kernel.sharded import ColumnSharing
 
@@ -104,6 +105,9 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             or ``multiclass="ovr"`` ask for the head's analysis, or the module is not piecewise linear (an info line
             says so, and the head is analysed where there is one); ``"whole"``: the whole module, refused with the
             operation named (and the choices) where it is not piecewise linear; ``"head"``: the head only.
+        time_budget: Seconds (default an hour) a whole-network analysis may take: before training, its cost is
+            estimated (the pair network's rate on a few training inputs; said when above 10 s) and the fit refused
+            above it (``TimeBudgetError``, saying what fits); ``None``: no limit.
         solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
             ``"torch"`` on the analysis device, ``"numpy"`` on the CPU, ``"auto"`` torch on a GPU and numpy on the
             CPU (less CPU time there). The analysis device is the module's for CUDA (the zero-error pass, the kernel
@@ -175,27 +179,20 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         solver: Literal["auto", "numpy", "torch"] = "auto",
         scope: Literal["auto", "whole", "head"] = "auto",
         image_shape: Sequence[int] | None = None,
+        time_budget: float | None = DEFAULT_TIME_BUDGET,
     ) -> None:
         _check_arguments(every_n_epochs=every_n_epochs, probe_size=probe_size, stop_on_zero_error=stop_on_zero_error,
                          intercept=intercept, C=C, delta=delta, kernel=kernel, max_dense_bytes=max_dense_bytes,
                          path_module=path_module, embedding=embedding, batch_size=batch_size, save_dir=save_dir,
                          max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope,
-                         image_shape=image_shape)
+                         image_shape=image_shape, time_budget=time_budget)
         self.scope, self.image_shape = scope, None if image_shape is None else tuple(int(n) for n in image_shape)
-        self.multiclass = multiclass
-        self.solver = solver
-        self.kernel = kernel
-        self.max_dense_bytes = max_dense_bytes
-        self.every_n_epochs = every_n_epochs
-        self.probe_size = probe_size
-        self.stop_on_zero_error = stop_on_zero_error
-        self.intercept = intercept
+        self.multiclass, self.solver, self.kernel, self.time_budget = multiclass, solver, kernel, time_budget
+        self.max_dense_bytes, self.every_n_epochs, self.probe_size = max_dense_bytes, every_n_epochs, probe_size
+        self.stop_on_zero_error, self.intercept = stop_on_zero_error, intercept
         self.C, self.delta = C, delta
         self.path_module, self.embedding = path_module, embedding
-        self.batch_size = batch_size
-        self.save_dir = save_dir
-        self.max_images = max_images
-        self.seed = seed
+        self.batch_size, self.save_dir, self.max_images, self.seed = batch_size, save_dir, max_images, seed
         self.zero_error_epoch: int | None = None
         self.metrics: dict[str, float] = {}
         self.analysis: SupportVectorAnalysis | None = None
@@ -273,6 +270,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
                 "data module with `m` set to the samples you train on to analyse just those."
             )
         self._settle_scope(trainer, pl_module, dataset)
+        if self._whole:
+            self._check_cost(trainer, pl_module, dataset)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:

@@ -30,7 +30,7 @@ from lightning_nsv.solver.options import SolverOptions, check_choice
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
                      delta: Any, kernel: Any, max_dense_bytes: Any, path_module: Any, embedding: Any, batch_size: Any,
                      save_dir: Any, max_images: Any, seed: Any, multiclass: Any, solver: Any,
-                     scope: Any = "auto", image_shape: Any = None) -> None:
+                     scope: Any = "auto", image_shape: Any = None, time_budget: Any = None) -> None:
     """Refuse the callback's arguments of the wrong type or out of range, naming the argument and a valid value."""
     for name, value, low in (("every_n_epochs", every_n_epochs, 1), ("batch_size", batch_size, 1),
                              ("max_dense_bytes", max_dense_bytes, 1), ("probe_size", probe_size, 0),
@@ -59,6 +59,10 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
                                                for n in image_shape)):
         raise ValueError(f"`image_shape` must be (C, H, W) or (H, W) of positive integers, e.g. (1, 8, 8), or None; "
                          f"got {image_shape!r}")
+    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, numbers.Real) or
+                                    not 0 < time_budget < math.inf):
+        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit), got "
+                         f"{time_budget!r}")
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")

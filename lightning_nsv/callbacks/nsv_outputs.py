@@ -83,7 +83,9 @@ class AnalysisOutputs:
         progress = _SolverBar(enabled=bar is not None and getattr(bar, "is_enabled", False))
         try:
             with solver_progress(progress):
-                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val, sharing)
+                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val, sharing,
+                                                say=lambda text: self._say(trainer, f"NetworkSupportVectors: {text}"),
+                                                progress=progress.enabled)
         finally:
             progress.close()
         self.analysis = analysis

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_nsv.callbacks.nsv_data import _analysis_device, _module_inputs, _split_batch
+from lightning_nsv.callbacks.nsv_data import _analysis_device, _module_inputs, _split_batch, _val_dataset
 from lightning_nsv.compat import rank_zero_info
 from lightning_nsv.extract import PathPart, UnsupportedNetworkError, find_path_part
 from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, ScopeSummary, compute_gates, scope_summary, \
@@ -23,12 +23,15 @@ from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import network_support_vectors
 from lightning_nsv.analysis.multiclass import multiclass_support_vectors
+from lightning_nsv.analysis.whole_network import whole_network_cost
+from lightning_nsv.analysis.whole_network_budget import SAY_ABOVE_SECONDS, TimeBudgetError
 from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.kernel.network import PathNetwork
 
 SCOPES = ("auto", "whole", "head")
 #: Training samples the module is traced on (shapes, and the check that the graph reproduces the module).
 EXAMPLE_SAMPLES = 8
+COST_SAMPLES = 32  # training inputs that the pair network's rate is measured on before training
 HEAD_CHOICE = ("In NetworkSupportVectors: `scope='head'` (with `embedding=`/`path_module=` naming the trunk and the "
                "head where the module has several) analyses the Linear/Leaky-ReLU head after the rest as a fixed "
                "embedding.")
@@ -93,13 +96,12 @@ def network_outputs64(net: PathNetwork | TracedNetwork, x: Tensor) -> Tensor:
     return net.outputs(x) if isinstance(net, TracedNetwork) else forward_with_slopes(net, x)[0]
 
 
-def _example_inputs(dataset: Dataset) -> Tensor:
-    """The first :data:`EXAMPLE_SAMPLES` training inputs (their labels are checked with the first batch)."""
+def _example_inputs(dataset: Dataset, count: int = EXAMPLE_SAMPLES) -> Tensor:
+    """The first ``count`` training inputs (their labels are checked with the first batch)."""
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, (tuple, list)) and tensors:
-        return tensors[0][:EXAMPLE_SAMPLES]
-    return torch.stack([torch.as_tensor(_split_batch(dataset[i])[0]) for i in range(min(EXAMPLE_SAMPLES,
-                                                                                         len(dataset)))])
+        return tensors[0][:count]
+    return torch.stack([torch.as_tensor(_split_batch(dataset[i])[0]) for i in range(min(count, len(dataset)))])
 
 
 def _kinds(module: nn.Module) -> str:
@@ -180,6 +182,32 @@ class ScopeChoice:
             rank_zero_info("NetworkSupportVectors: `kernel='dense'` does not apply to the whole network: its kernel "
                            "columns come from the pair network, for candidate support vectors only")
 
+    def _check_cost(self, trainer, pl_module: nn.Module, dataset: Dataset) -> None:
+        """Before training: what the whole-network analysis at zero training error will cost (the pair network's
+        rate on a few training inputs, the architecture's, not the weights'), said when long, and refused above
+        ``time_budget`` (every rank takes rank 0's verdict)."""
+        sample = _module_inputs(pl_module, _example_inputs(dataset, COST_SAMPLES))
+        if not bool(torch.isfinite(sample).all()):
+            return  # the first batch's check names the data
+        estimate = whole_network_cost(pl_module, sample, len(dataset), len(_val_dataset(trainer) or ()))
+        if estimate.seconds > SAY_ABOVE_SECONDS:
+            self._say(trainer, f"NetworkSupportVectors: at zero training error, the {estimate.describe()}")
+        try:
+            estimate.check(self.time_budget, self._budget_advice)
+            refusal = None
+        except TimeBudgetError as err:
+            refusal = f"NetworkSupportVectors: {err}"
+        refusal = trainer.strategy.broadcast(refusal, src=0)
+        if refusal is not None:
+            raise TimeBudgetError(refusal)
+
+    @property
+    def _budget_advice(self) -> str:
+        """What a time-budget refusal suggests besides a subsample: the head where the module has one."""
+        if self._head is not None:
+            return f"its head (NetworkSupportVectors(scope='head'): {head_scope_line(self._head, self.embedding)})"
+        return "a smaller network (this module has no Linear/Leaky-ReLU head after an nn.Flatten to analyse instead)"
+
     def _use_head(self, text: str) -> None:
         self._path, self._scope_text = self._head, text
 
@@ -226,13 +254,14 @@ class ScopeChoice:
             parts = [(self._path.embed(_module_inputs(pl_module, x)).to(device), y) for x, y in map(_split_batch, loader)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None):
+    def _fit_max_margin(self, net, x_train, y_train, x_val, y_val, sharing=None, say=None, progress=False):
         if isinstance(net, TracedNetwork):  # under DDP with `sharing`: the other ranks compute shards of the rows
             from lightning_nsv.analysis import whole_network_support_vectors
 
             return whole_network_support_vectors(net.module, x_train, y_train, x_val, y_val, delta=self.delta,
                                                  initial=self._previous_support or None, solver=self.solver,
-                                                 sharing=sharing)
+                                                 sharing=sharing, time_budget=self.time_budget, say=say,
+                                                 progress=progress, budget_advice=self._budget_advice)
         if net.num_outputs == 1:
             return network_support_vectors(
                 net, x_train, y_train, x_val, y_val, intercept=self.intercept, C=self.C, delta=self.delta,

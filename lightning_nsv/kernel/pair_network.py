@@ -7,6 +7,7 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -210,6 +211,7 @@ class PairNetworkColumns(KernelColumns):
         self.pairs_evaluated = 0
         self._chain = None
         self.fused: FusedPairs | None = None
+        self.on_pairs = None  # called with the number of pairs of every block run (a progress bar)
         self.engine = "plain torch"  # how entries are computed, for reports
         if fast and graph.chain is not None:
             self.engine = "Linear chain (§1's factorised kernel)"
@@ -246,6 +248,8 @@ class PairNetworkColumns(KernelColumns):
         """``K(x_a[p], x_b[p])`` for index vectors ``a``, ``b`` of one length, by the pair network; with ``outer``
         every pair ``(a[i], b[j])``, flattened (``i·len(b) + j``)."""
         self.pairs_evaluated += len(a) * len(b) if outer else len(a)
+        if self.on_pairs is not None:
+            self.on_pairs(len(a) * len(b) if outer else len(a))
         if self.fused is not None:
             out = (self.fused.outer(a, b) if outer else self.fused.aligned(a, b)).reshape(-1)
             if not torch.isfinite(out).all():
@@ -266,6 +270,31 @@ class PairNetworkColumns(KernelColumns):
         if not torch.isfinite(out).all():
             raise NonFiniteError("the pair network gave a non-finite kernel value")
         return out
+
+    @property
+    def tile_width(self) -> int:
+        """Columns computed at once by a request for new columns (entries between them are computed twice)."""
+        return self._tile_shape(len(self), len(self))[1]
+
+    @property
+    def by_pairs(self) -> bool:
+        """Whether entries come from pair-network evaluations (not §1's GEMMs of a Linear chain)."""
+        return self._chain is None
+
+    def time_pairs(self, rows: Tensor, cols: Tensor) -> tuple[float, int]:
+        """Seconds that the entries ``K[rows][:, cols]`` take to compute (neither kept nor counted), and their
+        number: the rate the analysis' cost estimate reads."""
+        counted, hook = self.pairs_evaluated, self.on_pairs
+        self.on_pairs = None
+        start = time.perf_counter()
+        try:
+            if self._chain is not None:
+                self._columns(cols.to(self.device))
+            else:
+                self._tiles(rows.to(self.device), cols.to(self.device))
+        finally:
+            self.pairs_evaluated, self.on_pairs = counted, hook
+        return time.perf_counter() - start, len(rows) * len(cols)
 
     def _index(self, idx) -> Tensor:
         return torch.as_tensor(idx, dtype=torch.long).to(self.device).reshape(-1)
