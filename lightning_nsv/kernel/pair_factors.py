@@ -21,7 +21,7 @@ __all__ = ["SampleFactors", "sample_factors"]
 
 WORD_DTYPES = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SIGNED = {8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
-CHUNK_BYTES = 64 << 20  # intermediate factors of one chunk of samples
+CHUNK_BYTES = 256 << 20  # intermediate factors of one chunk of samples (bool masks, float64 values)
 
 
 @dataclass
@@ -155,12 +155,12 @@ def _dense(value: Tensor, is_mask: bool, recipe: Recipe, family) -> Tensor:
 
 
 def _pack(mask: Tensor, word_bits: int, count: int) -> np.ndarray:
-    """A bool mask ``(n, C, P)`` as words ``(n, count, P)``: bit ``k`` of word ``w`` is channel ``word_bits·w + k``."""
+    """A bool mask ``(n, C, P)`` as words ``(n, count, P)``: bit ``k`` of word ``w`` is channel ``word_bits·w + k``
+    (distinct bits, so their sum is their OR; the top bit of a 64-bit word wraps to the sign, the same bits)."""
     n, channels, positions = mask.shape
-    padded = np.zeros((n, count * word_bits, positions), dtype=bool)
-    padded[:, :channels] = mask.cpu().numpy()
-    packed = np.packbits(padded.reshape(n, count, word_bits, positions), axis=2, bitorder="little")
-    # (n, count, bytes, P) -> the bytes of a word adjacent, little-endian
-    words = np.ascontiguousarray(packed.transpose(0, 1, 3, 2)).view(WORD_DTYPES[word_bits])
-    return words.reshape(n, count, positions)
-
+    lanes = mask.cpu().to(torch.int64)
+    if channels < count * word_bits:
+        lanes = torch.nn.functional.pad(lanes, (0, 0, 0, count * word_bits - channels))
+    shifts = torch.arange(word_bits, dtype=torch.int64).view(1, 1, word_bits, 1)
+    words = (lanes.view(n, count, word_bits, positions) << shifts).sum(2).numpy()
+    return words.view(np.uint64) if word_bits == 64 else words.astype(WORD_DTYPES[word_bits])
