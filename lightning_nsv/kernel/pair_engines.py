@@ -300,19 +300,28 @@ def numba_pairs(program: PairProgram, factors: SampleFactors, first: np.ndarray,
 
 
 BLOCK_SIDE = 8  # samples a side of a block of pairs: 16 samples' factors (37 KiB each for SmallResNet(16)) in L2
+THREADED_PAIRS = 2048  # a tile of fewer pairs (a few ms) runs on one thread
 
 
 def numba_outer(program: PairProgram, factors: SampleFactors, rows: np.ndarray, cols: np.ndarray,
                 threads: int | None = None) -> np.ndarray:
-    """``K(x_rows[a], x_cols[b])`` as float64 numpy ``(len(rows), len(cols))`` by the compiled runner; threads
-    take bands of rows."""
+    """``K(x_rows[a], x_cols[b])`` as float64 numpy ``(len(rows), len(cols))`` by the compiled runner; threads take
+    bands of rows, or of columns where there are more blocks of those; a tile of fewer than
+    :data:`THREADED_PAIRS` pairs runs on the calling thread (the pool's hand-over would cost more)."""
     rows, cols = (np.ascontiguousarray(v, dtype=np.int64) for v in (rows, cols))
     out = np.empty((len(rows), len(cols)), dtype=np.float64)
     args = _program_args(program, factors)
-    blocks = -(-len(rows) // BLOCK_SIDE)
-    bounds = BLOCK_SIDE * np.linspace(0, blocks, _threads(threads, blocks) + 1).astype(np.int64)
-    _parallel(lambda k: _run_outer(*args, rows[bounds[k]:bounds[k + 1]], cols, out[bounds[k]:bounds[k + 1]],
-                                   BLOCK_SIDE), list(range(len(bounds) - 1)))
+    by_rows = len(rows) >= len(cols)
+    blocks = -(-(len(rows) if by_rows else len(cols)) // BLOCK_SIDE)
+    parts = _threads(threads, blocks) if out.size >= THREADED_PAIRS else 1
+    bounds = BLOCK_SIDE * np.linspace(0, blocks, parts + 1).astype(np.int64)
+    if by_rows:
+        work = lambda k: _run_outer(*args, rows[bounds[k]:bounds[k + 1]], cols, out[bounds[k]:bounds[k + 1]],  # noqa
+                                    BLOCK_SIDE)
+    else:
+        work = lambda k: _run_outer(*args, rows, cols[bounds[k]:bounds[k + 1]], out[:, bounds[k]:bounds[k + 1]],  # noqa
+                                    BLOCK_SIDE)
+    _parallel(work, list(range(parts)))
     return out
 
 
