@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the analysis in one command, for a machine with a CUDA device and no network: the CUDA-gated
-# tests and the torch solver's tests, then the NSV benchmark with the package's analysis on the GPU.
+# tests and the torch solver's tests, then the NSV benchmark with the package's analysis on the GPU, then the
+# whole network's pair program on the GPU (its test, then benchmarks/whole_network_scale.py there).
 #
 #   bash benchmarks/device_check.sh [DEVICE]        # DEVICE: cuda (default); cpu runs the same steps without a GPU
 #
@@ -37,5 +38,15 @@ python3 benchmarks/nsv_scale.py --device "$device" --cache-dir "$cache" --large-
   --output "$out/nsv_scale_$device.md" 2>&1 | tee "$out/nsv_scale_$device.log"
 bench=${PIPESTATUS[0]}
 
-echo "tests exit $tests, benchmark exit $bench" | tee -a "$out/env.txt"
-[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
+# the whole network: the compiled pair program's torch engine on the device against the CPU's numba runner, then
+# the analysis at m = 2,000 and 10,000 (its pairs run as torch operations over batches on the device)
+python3 -m pytest -q -p no:cacheprovider -rs "tests/test_pair_program.py::test_the_torch_engine_on_cuda_equals_numba" \
+  2>&1 | tee -a "$out/tests.txt"
+whole_tests=${PIPESTATUS[0]}
+python3 benchmarks/whole_network_scale.py --device "$device" --block-mib 1024 --sizes 2000 10000 --dense-max 0 \
+  --output "$out/whole_network_scale_$device" 2>&1 | tee "$out/whole_network_scale_$device.log"
+whole=${PIPESTATUS[0]}
+
+echo "tests exit $tests, benchmark exit $bench, whole-network tests exit $whole_tests, benchmark exit $whole" \
+  | tee -a "$out/env.txt"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$whole_tests" -eq 0 ] && [ "$whole" -eq 0 ]

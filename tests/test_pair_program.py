@@ -191,3 +191,17 @@ def test_unknown_engine_and_numba_off_the_cpu_are_refused():
     graph.device = torch.device("meta")
     with pytest.raises(ValueError, match="engine='numba' runs on the CPU"):
         fuse(graph, x, gates, engine="numba")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_torch_engine_on_cuda_equals_numba():
+    """The same program as torch operations on the GPU (the formulation a GPU runs) equals the CPU's runner."""
+    torch.manual_seed(0)
+    module = randomise_bn(SmallResNet(3, 1, 8, (1, 1))).eval()
+    x = inputs((3, 16, 16), n=40)
+    cpu = columns(module, x, engine="numba")
+    gpu = columns(module.cuda(), x.cuda(), engine="torch")
+    assert gpu.engine == "fused pair program (torch)" and gpu.device.type == "cuda"
+    every = list(range(len(x)))
+    assert relative(gpu.columns_tensor(every).cpu(), cpu.columns_tensor(every)) < TOL
+    assert relative(gpu.diagonal_tensor().cpu(), cpu.diagonal_tensor()) < TOL

@@ -447,6 +447,9 @@ def test_refuses_over_memory_budget_with_the_numbers(binary_cnn):
     parts = memory_estimate(graph, len(x), len(xv))
     assert parts["gates"] == (len(x) + len(xv)) * (2 * 64 + 2 * 16 + 4 * 2 * 16 + 8)
     assert parts["inputs"] == 8 * (len(x) + len(xv)) * 64
+    from lightning_nsv.kernel.fused import pair_program
+    from lightning_nsv.kernel.pair_factors import factor_bytes
+    assert parts["factors"] == (len(x) + len(xv)) * factor_bytes(pair_program(graph)) > 0
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
     with pytest.raises(ValueError, match=r"needs at least .* MiB before its solver starts \(inputs .* MiB, gates .* "
                                          r"MiB, .*\), above memory_bytes="):

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
+from lightning_nsv.kernel.fused import fused_bytes_per_sample
 from lightning_nsv.kernel.pair_network import CACHE_BYTES, MEMORY_BYTES
 from lightning_nsv.solver.protocol import KernelColumns
 from lightning_nsv.analysis.checks import available_memory_bytes
@@ -29,7 +30,8 @@ def _gate_bytes(graph: PiecewiseGraph) -> int:
 def memory_estimate(graph: PiecewiseGraph, m: int, n_val: int = 0, block_bytes: int = MEMORY_BYTES) -> dict[str, int]:
     """What :func:`whole_network_support_vectors` allocates before its solver starts, in bytes: ``inputs`` (float64
     copies of the training and validation inputs), ``gates`` (of both sets: a bool per gate unit, an int32 per max-pool
-    selection, the float64 outputs), ``blocks`` (one block of the pair network and one of the float64 forward),
+    selection, the float64 outputs), ``factors`` (the per-sample factors of the compiled pair program, none where the
+    graph is not fused), ``blocks`` (one block of the pair network and one of the float64 forward),
     ``diagonal``, and ``total``. The solver then stores ``8·m`` bytes per sample whose kernel column it forms (the
     binary solver's free set; the K-class solver keeps every sample column it asked for, in a buffer that grows by
     doubling) plus its Cholesky factor; :class:`BudgetedColumns` counts the columns against the same budget."""
@@ -37,6 +39,7 @@ def memory_estimate(graph: PiecewiseGraph, m: int, n_val: int = 0, block_bytes: 
     parts = {
         "inputs": 8 * (m + n_val) * f,
         "gates": (m + n_val) * _gate_bytes(graph),
+        "factors": (m + n_val) * fused_bytes_per_sample(graph),
         "blocks": 2 * block_bytes,
         "diagonal": 8 * m,
     }

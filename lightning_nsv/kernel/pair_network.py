@@ -181,24 +181,28 @@ class _PairContext:
 class PairNetworkColumns(KernelColumns):
     """Columns ``K[:, idx]`` of the path kernel of a traced network on ``m`` training inputs (DESIGN.md §2c).
 
-    Each entry is the output of the pair network on ``x_i ⊙ x_j``; a call runs blocks of pairs sized so that the
-    values alive at once stay near ``memory_bytes``. A plain Linear/Leaky-ReLU chain takes §1's factorised kernel
-    (``fast=True``, the default); a gate between a groups=1 convolution and the channel sum of the next one (or of a
-    flatten and Linear) enters through per-position overlap counts (``collapse=True``, §2c "Speed").
+    Each entry is the output of the pair network on ``x_i ⊙ x_j``. ``engine`` says how (:attr:`engine` names what
+    was chosen): ``"auto"`` (default) runs the graph's compiled pair program (:mod:`lightning_nsv.kernel.fused`:
+    numba on a CPU, torch operations elsewhere; ``"numba"`` or ``"torch"`` ask for one) and, for a graph the
+    program cannot express, the torch factored network (channels kept as per-sample factors, blocks of pairs sized
+    so that the values alive at once stay near ``memory_bytes``); ``"reference"`` that torch network always
+    (``factored=False``/``collapse=False``: the plain one). A plain Linear/Leaky-ReLU chain takes §1's factorised
+    kernel (``fast=True``, the default).
 
-    Cost: one pair-network evaluation (about one forward pass with every weight 1: 0.023–0.034 ms a pair for a trained
-    SmallResNet(3, 1, 16, (1, 1)) on 3×32×32 on two shared CPU threads) per unordered pair, about, while the columns
+    Cost: one pair-network evaluation per unordered pair (about 3 µs for a trained SmallResNet(3, 1, 16, (1, 1)) on
+    3×32×32 on two CPU threads with the compiled program; 25–35 µs with the torch network), about, while the columns
     fit in ``cache_bytes`` (:mod:`lightning_nsv.kernel.column_cache`): columns asked for are kept, a new column ``j``
     reads ``K[r, j] = K[j, r]`` from kept columns, from earlier columns of the same call and from the last ``block``;
     ``block`` reads kept columns and runs the tiles ``i <= j`` of the rest. The dense kernel costs ``m(m + w)/2``
-    pairs (``w`` a tile's width, 39 for that network). Memory: the inputs and gates of all samples, one block of about
-    ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0 keeps none) and the last
-    ``block`` (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device. With K outputs every output
-    has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
+    pairs (``w`` a tile's width, :attr:`tile_width`: 16 for the compiled program). Memory: the inputs and gates of
+    all samples, the compiled program's per-sample factors (37 KiB a sample for that network), one block of about
+    ``memory_bytes``, the kept columns (``8·m`` bytes each, up to ``cache_bytes``; 0
+    keeps none) and the last ``block`` (``8·b²`` bytes, if within ``cache_bytes``). Float64, on the graph's device.
+    With K outputs every output has the same kernel (checked exactly). ``pairs_evaluated`` counts the pairs run.
 
     A :class:`~lightning_nsv.solver.protocol.KernelColumns`: the solver reads it as it is (numpy ``columns`` and
-    ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block``
-    on ``idx × idx`` pairs only); ``columns_tensor``, ``diagonal_tensor`` and ``block`` give float64 tensors on the
+    ``diagonal``, ``signed_columns`` owned by the caller, ``signed_rows`` on the graph's device, ``signed_block`` on
+    ``idx × idx`` pairs only); ``columns_tensor``, ``diagonal_tensor`` and ``block`` give float64 tensors on the
     graph's device.
     """
 
