@@ -35,9 +35,10 @@ def counts(program) -> dict[str, int]:
     out = dict.fromkeys(KINDS, 0)
     for row in program.code:
         op, n = int(row[0]), int(row[4])
-        if op == P.OVERLAP_BITS:
-            out["popcount"] += n * int(row[7])
-            out["fma"] += n
+        if op == P.OVERLAP_TERMS:
+            for t in range(int(row[5])):
+                out["popcount"] += n * int(program.table[int(row[6]) + 3 * t + 2])
+                out["fma"] += n
         elif op == P.OVERLAP_DENSE:
             out["fma"] += n * (int(row[7]) + 1)
         elif op == P.BOX:

@@ -14,7 +14,9 @@ __all__ = ["Emitter", "FactorSlot", "NotFusable", "PairProgram", "Recipe", "chan
            "recipe_is_bits", "recipe_scale"]
 
 # opcodes; an instruction row is [op, dst, s0, s1, i0 .. i7] (registers are scratch offsets, -1: none):
-#   OVERLAP_BITS/DENSE  dst[p] (+)= value · s0[p] · Σ_w|c A_i[off + k·P + p] A_j[...]   i: P, accumulate, off, W|C
+#   OVERLAP_TERMS       dst[p] (+)= Σ_t w_t · S_t[p] · Σ_k popcount(A_i[o_t + k·P + p] & A_j[...])   i: P, T, base,
+#                       (s0_t, o_t, words_t) = table[base + 3t ...], w_t = weights[base + 3t]     accumulate
+#   OVERLAP_DENSE       dst[p] (+)= value · s0[p] · Σ_c A_i[off + c·P + p] A_j[...]       i: P, accumulate, off, C
 #   AXPY                dst[p] (+)= value · s0[p] (s0 -1: 1)                             i: P, accumulate
 #   ADD_SCALAR, SCALE   dst[p] = s0[p] + value, value · s0[p];  ADD dst = s0 + s1         i: n
 #   BOX                 window sums along the middle axis of s0 (outer, n_in, inner)       i: outer, n_in, inner, n_out,
@@ -25,8 +27,8 @@ __all__ = ["Emitter", "FactorSlot", "NotFusable", "PairProgram", "Recipe", "chan
 #                       added)
 #   SUM                 dst[0] = value · Σ s0                                             i: n
 #   CONST               dst[q] = weights[off + q]                                         i: n, off
-OVERLAP_BITS, OVERLAP_DENSE, AXPY, ADD_SCALAR, SCALE, ADD, BOX, GATHER, SPMV, SUM, CONST = range(1, 12)
-OP_NAMES = {OVERLAP_BITS: "overlap_bits", OVERLAP_DENSE: "overlap_dense", AXPY: "axpy", ADD_SCALAR: "add_scalar",
+OVERLAP_TERMS, OVERLAP_DENSE, AXPY, ADD_SCALAR, SCALE, ADD, BOX, GATHER, SPMV, SUM, CONST = range(1, 12)
+OP_NAMES = {OVERLAP_TERMS: "overlap_terms", OVERLAP_DENSE: "overlap_dense", AXPY: "axpy", ADD_SCALAR: "add_scalar",
             SCALE: "scale", ADD: "add", BOX: "box", GATHER: "gather", SPMV: "spmv", SUM: "sum", CONST: "const"}
 ROW = 12
 
@@ -128,6 +130,7 @@ class Emitter:
         self.weights: list[float] = []
         self.factor_ids: dict[Recipe, int] = {}
         self.factor_rows: list[int] = []  # instructions whose i1 is a factor id (patched to its offset)
+        self.table_reads: dict[int, list[int]] = {}  # registers an instruction reads through its table
         self.operations = 0
 
     def new(self, size: int) -> int:
@@ -153,8 +156,8 @@ class Emitter:
     def fold_shifts(self) -> None:
         """A window sum read only by the shift after it adds the shift itself (one pass less)."""
         readers: dict[int, int] = {}
-        for row in self.rows:
-            for reg in set(row[2:4]) - {-1}:
+        for k, row in enumerate(self.rows):
+            for reg in [*(set(row[2:4]) - {-1}), *self.table_reads.get(k, ())]:
                 readers[reg] = readers.get(reg, 0) + 1
         made = {row[1]: k for k, row in enumerate(self.rows) if row[0] == BOX}
         keep = []
@@ -170,6 +173,7 @@ class Emitter:
         self.values = [self.values[k] for k in keep]
         moved = {old: new for new, old in enumerate(keep)}
         self.factor_rows = [moved[k] for k in self.factor_rows]
+        self.table_reads = {moved[k]: regs for k, regs in self.table_reads.items()}
 
     def _shift_indices(self, lo: int, hi: int, by: int) -> None:
         self.table[lo:hi] = [int(i) + int(by) for i in self.table[lo:hi]]
@@ -181,7 +185,7 @@ class Emitter:
         code = np.asarray(self.rows, dtype=np.int64).reshape(-1, ROW)
         first, last = {}, {}
         for k, row in enumerate(code):
-            for reg, writes in ((row[1], True), (row[2], False), (row[3], False)):
+            for reg in (*row[1:4], *self.table_reads.get(k, ())):
                 if reg >= 0:
                     first.setdefault(int(reg), k)
                     last[int(reg)] = k
@@ -197,7 +201,7 @@ class Emitter:
                     offset[reg] = free[size].pop()
                 else:
                     offset[reg], top = top, top + size
-            for r in {int(code[k, 1]), int(code[k, 2]), int(code[k, 3])} - {-1}:
+            for r in {int(code[k, 1]), int(code[k, 2]), int(code[k, 3]), *self.table_reads.get(k, ())} - {-1}:
                 if last.get(r) == k:
                     free.setdefault(self.size[r], []).append(offset[r])
         for k in range(len(code)):
@@ -209,7 +213,14 @@ class Emitter:
             elif code[k, 0] == SPMV:
                 self._shift_indices(self.table[code[k, 5]], self.table[code[k, 5] + code[k, 4]], code[k, 2])
         for k in self.factor_rows:
-            code[k, 6], code[k, 7] = factor_layout(int(code[k, 6]))
+            if code[k, 0] == OVERLAP_TERMS:  # each term's register and factor in the table
+                for t in range(code[k, 5]):
+                    at = code[k, 6] + 3 * t
+                    if self.table[at] >= 0:
+                        self.table[at] = offset[self.table[at]]
+                    self.table[at + 1], self.table[at + 2] = factor_layout(self.table[at + 1])
+            else:
+                code[k, 6], code[k, 7] = factor_layout(int(code[k, 6]))
         return code, top, offset[out]
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_factors import SampleFactors
-from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_BITS, OVERLAP_DENSE,
+from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS,
                                             SCALE, SPMV, SUM, PairProgram)
 
 __all__ = ["numba_available", "numba_outer", "numba_pairs", "torch_pairs"]
@@ -49,60 +49,55 @@ if numba is not None:
         return word(word), codegen
 
     @njit(cache=True, boundscheck=False, nogil=True, inline='always')
-    def _overlap(code, k, value, bits_i, bits_j, dense_i, dense_j, s, temp):
-        """``dst (+)= value · S · Σ A_i A_j`` over the words or channels of one factor (views keep the loops
+    def _overlap(d, s, s0, n, value, fresh, is_bits, a_row, b_row, off, count, temp):
+        """``d (=|+=) value · S · Σ A_i A_j`` over the words (``is_bits``) or channels of one factor of the rows
+        ``a_row``, ``b_row`` (``S`` the register at ``s0``, 1 where ``s0 < 0``; views keep the loops
         vectorisable)."""
-        op, dst, s0 = code[k, 0], code[k, 1], code[k, 2]
-        n, acc, off, count = code[k, 4], code[k, 5], code[k, 6], code[k, 7]
-        t = temp[:n]
-        d = s[dst:dst + n]
-        if op == OVERLAP_BITS and count == 1 and s0 >= 0:  # the common cases in one pass
-            a, b, m = bits_i[off:off + n], bits_j[off:off + n], s[s0:s0 + n]
-            if acc:
-                for p in range(n):
-                    d[p] += value * m[p] * _popcount(a[p] & b[p])
-            else:
+        if is_bits and count == 1 and s0 >= 0:  # the common case in one pass
+            a, b, m = a_row[off:off + n], b_row[off:off + n], s[s0:s0 + n]
+            if fresh:
                 for p in range(n):
                     d[p] = value * m[p] * _popcount(a[p] & b[p])
-            return
-        if op == OVERLAP_BITS:
-            t[:] = 0.0
-            for w in range(count):
-                a, b = bits_i[off + w * n:off + (w + 1) * n], bits_j[off + w * n:off + (w + 1) * n]
+            else:
                 for p in range(n):
-                    t[p] += _popcount(a[p] & b[p])
-        elif s0 < 0 and not acc:  # an input's overlap, straight into its register
-            a, b = dense_i[off:off + n], dense_j[off:off + n]
+                    d[p] += value * m[p] * _popcount(a[p] & b[p])
+            return
+        if not is_bits and s0 < 0 and fresh:  # an input's overlap, straight into its register
+            a, b = a_row[off:off + n], b_row[off:off + n]
             for p in range(n):
                 d[p] = a[p] * b[p]
             for c in range(1, count):
-                a, b = dense_i[off + c * n:off + (c + 1) * n], dense_j[off + c * n:off + (c + 1) * n]
+                a, b = a_row[off + c * n:off + (c + 1) * n], b_row[off + c * n:off + (c + 1) * n]
                 for p in range(n):
                     d[p] += a[p] * b[p]
             if value != 1.0:
                 for p in range(n):
                     d[p] *= value
             return
-        else:
-            t[:] = 0.0
-            for c in range(count):
-                a, b = dense_i[off + c * n:off + (c + 1) * n], dense_j[off + c * n:off + (c + 1) * n]
+        t = temp[:n]
+        t[:] = 0.0
+        for c in range(count):
+            a, b = a_row[off + c * n:off + (c + 1) * n], b_row[off + c * n:off + (c + 1) * n]
+            if is_bits:
+                for p in range(n):
+                    t[p] += _popcount(a[p] & b[p])
+            else:
                 for p in range(n):
                     t[p] += a[p] * b[p]
         if s0 >= 0:
             m = s[s0:s0 + n]
-            if acc:
-                for p in range(n):
-                    d[p] += value * m[p] * t[p]
-            else:
+            if fresh:
                 for p in range(n):
                     d[p] = value * m[p] * t[p]
-        elif acc:
-            for p in range(n):
-                d[p] += value * t[p]
-        else:
+            else:
+                for p in range(n):
+                    d[p] += value * m[p] * t[p]
+        elif fresh:
             for p in range(n):
                 d[p] = value * t[p]
+        else:
+            for p in range(n):
+                d[p] += value * t[p]
 
     @njit(cache=True, boundscheck=False, nogil=True, inline='always')
     def _taps(out, src, first, step, size, value):
@@ -190,8 +185,14 @@ if numba is not None:
         for k in range(code.shape[0]):
             op, dst, s0, s1, n = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4]
             value = values[k]
-            if op == OVERLAP_BITS or op == OVERLAP_DENSE:
-                _overlap(code, k, value, bits_i, bits_j, dense_i, dense_j, s, temp)
+            if op == OVERLAP_TERMS:  # every mask term of a channel sum, (s0, offset, words) a term in the table
+                d, fresh, base = s[dst:dst + n], code[k, 7] == 0, code[k, 6]
+                for t in range(code[k, 5]):
+                    _overlap(d, s, table[base + 3 * t], n, weights[base + 3 * t], fresh and t == 0, True, bits_i,
+                             bits_j, table[base + 3 * t + 1], table[base + 3 * t + 2], temp)
+            elif op == OVERLAP_DENSE:
+                _overlap(s[dst:dst + n], s, s0, n, value, code[k, 5] == 0, False, dense_i, dense_j, code[k, 6],
+                         code[k, 7], temp)
             elif op == BOX:
                 _box(code, k, s, value)
             elif op == AXPY:
@@ -347,15 +348,18 @@ def torch_pairs(program: PairProgram, bits: Tensor, dense: Tensor, first: Tensor
     reg = lambda at, n: s[:, at:at + n]  # noqa: E731
     for row, value in zip(program.code.tolist(), program.values.tolist()):
         op, dst, s0, s1 = row[:4]
-        if op in (OVERLAP_BITS, OVERLAP_DENSE):
-            n, acc, off, count = row[4:8]
-            if op == OVERLAP_BITS:
+        if op == OVERLAP_TERMS:
+            n, terms, base, acc = row[4:8]
+            for t in range(terms):
+                s0, off, count = (int(v) for v in program.table[base + 3 * t:base + 3 * t + 3])
                 a, b = bits[first, off:off + count * n], bits[second, off:off + count * n]
                 overlap = _popcount_bytes(a & b).view(len(first), count, n).sum(1).to(torch.float64)
-            else:
-                a, b = dense[first, off:off + count * n], dense[second, off:off + count * n]
-                overlap = (a * b).view(len(first), count, n).sum(1)
-            term = value * overlap * (reg(s0, n) if s0 >= 0 else 1.0)
+                term = float(program.weights[base + 3 * t]) * overlap * (reg(s0, n) if s0 >= 0 else 1.0)
+                reg(dst, n).copy_(reg(dst, n) + term if acc or t else term)
+        elif op == OVERLAP_DENSE:
+            n, acc, off, count = row[4:8]
+            a, b = dense[first, off:off + count * n], dense[second, off:off + count * n]
+            term = value * (a * b).view(len(first), count, n).sum(1) * (reg(s0, n) if s0 >= 0 else 1.0)
             reg(dst, n).copy_(reg(dst, n) + term if acc else term)
         elif op == AXPY:
             n, acc = row[4:6]

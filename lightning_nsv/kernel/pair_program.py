@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_BITS, OVERLAP_DENSE, SPMV,
+from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS, SPMV,
                                             Emitter, NotFusable, PairProgram, Recipe, channels_and_positions, lay_out,
                                             recipe_is_bits, recipe_scale)
 from lightning_nsv.kernel.pair_probes import PerChannel, entry_multiplier, plane_map
@@ -73,18 +73,36 @@ class Compiler:
         return Terms(tuple(Term(t.coef, t.reg, self.recipe(how(t.factor), shape)) for t in v.terms(self).terms_),
                      tuple(shape))
 
-    def overlap(self, dst: int, term: Term, channels: int, positions: int, accumulate: bool) -> None:
-        if term.factor is None:
-            self.e.emit(AXPY, dst, term.reg, ints=(positions, int(accumulate)), value=term.coef * channels,
-                        cost=positions)
-            return
-        bits = recipe_is_bits(term.factor, self.family)
-        coef = term.coef * (recipe_scale(term.factor, self.family) ** 2 if bits else 1.0)
-        self.e.factor_rows.append(len(self.e.rows))
-        self.temp = max(self.temp, positions)
-        self.e.emit(OVERLAP_BITS if bits else OVERLAP_DENSE, dst, term.reg,
-                    ints=(positions, int(accumulate), self.e.factor(term.factor)), value=coef,
-                    cost=positions * (1 if bits else channels) + positions)
+    def channel_sum(self, terms, shape) -> int:
+        """``Σ_c`` of a sum of terms, a register over the positions: the terms whose factor is a 0/1 mask in one
+        instruction (popcounts of ANDed words), each other factor's overlap and each term without a factor in one
+        of their own."""
+        channels, positions = channels_and_positions(shape)[0], _positions(shape)
+        dst, written = self.e.new(positions), False
+        masks = [t for t in terms if t.factor is not None and recipe_is_bits(t.factor, self.family)]
+        for t in terms:
+            if t.factor is None:
+                self.e.emit(AXPY, dst, t.reg, ints=(positions, int(written)), value=t.coef * channels,
+                            cost=positions)
+            elif t not in masks:
+                self.e.factor_rows.append(len(self.e.rows))
+                self.temp = max(self.temp, positions)
+                self.e.emit(OVERLAP_DENSE, dst, t.reg, ints=(positions, int(written), self.e.factor(t.factor)),
+                            value=t.coef, cost=positions * (channels + 1))
+            else:
+                continue
+            written = True
+        if masks:
+            base = self.e.index_table([v for t in masks for v in (-1 if t.reg is None else t.reg,
+                                                                  self.e.factor(t.factor), 0)])
+            for k, t in enumerate(masks):
+                self.e.weights[base + 3 * k] = t.coef * recipe_scale(t.factor, self.family) ** 2
+            self.e.factor_rows.append(len(self.e.rows))
+            self.e.table_reads[len(self.e.rows)] = [t.reg for t in masks if t.reg is not None]
+            self.temp = max(self.temp, positions)
+            self.e.emit(OVERLAP_TERMS, dst, ints=(positions, len(masks), base, int(written)),
+                        cost=2 * positions * len(masks))
+        return dst
 
     def spmv(self, reg: int, sparse: tuple, n_out: int) -> int:
         """``dst[o] = Σ weights[k] · reg[cols[k]]`` over the entries ``k`` of row ``o`` (rows sorted)."""
