@@ -339,6 +339,10 @@ REFUSALS = {
 }
 
 
+SMOOTH_ACTIVATIONS = {"gelu", "sigmoid", "tanh", "softplus"}
+CHOICE = {"batch_mixing": "reduce over dims >= 1"}  # the first choice offered, where it is not a trunk
+
+
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_refusals_name_the_operation_and_the_choices(case):
     module, where, why = REFUSALS[case]
@@ -346,8 +350,9 @@ def test_refusals_name_the_operation_and_the_choices(case):
         trace(module, inputs((1, 8, 8)))
     message = str(info.value)
     assert where in message and why in message, message
-    if case != "control_flow":
-        assert "embedding=" in message and "replace it" in message and "fold it" in message
+    if case != "control_flow":  # only the choices that apply: a piecewise-linear activation only for an activation
+        assert "Choices: " + CHOICE.get(case, "move it into a trunk") in message and "fold" not in message, message
+        assert ("replace it by a piecewise-linear activation" in message) == (case in SMOOTH_ACTIVATIONS), message
 
 
 def test_gelu_refusal_names_the_qualified_module():
@@ -359,7 +364,7 @@ def test_gelu_refusal_names_the_qualified_module():
 @pytest.mark.parametrize("layer, why", [
     (nn.LayerNorm([6, 6]), "statistic of the sample"), (nn.GroupNorm(1, 1), "statistic of the sample"),
     (nn.Sigmoid(), "slope varies"), (nn.Tanh(), "slope varies"), (nn.Softplus(), "slope varies"),
-    (nn.Hardtanh(), "Leaky-ReLU family"), (nn.Upsample(scale_factor=1), "not in the operation table"),
+    (nn.Hardtanh(), "saturated pieces"), (nn.Upsample(scale_factor=1), "not in the operation table"),
     (nn.BatchNorm2d(1).train(), "training mode"), (nn.Dropout(0.5).train(), "dropout in training mode"),
 ])
 def test_refused_modules(layer, why):
@@ -569,3 +574,25 @@ def test_columns_drive_the_max_margin_solver_like_a_dense_kernel():
     assert np.allclose(served.alpha_, exact.alpha_, rtol=1e-8, atol=1e-12)
     assert np.allclose(cols.signed_columns([3, 5], y, 2.0), dense[:, [3, 5]] * y[:, None] * y[[3, 5]] / 2.0,
                        rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("fn, name", [(lambda s, h: torch.matmul(h, h), "matmul"), (lambda s, h: h @ h, "matmul"),
+                                      (lambda s, h: torch.bmm(h[:, 0], h[:, 0]), "bmm")])
+def test_a_product_of_two_input_dependent_tensors_is_named_as_one(fn, name):
+    """Not "its settings are computed inside forward": a product of two input-dependent tensors, said so."""
+    with pytest.raises(NotPiecewiseLinearError, match=rf"{name}: .*{name} of two input-dependent tensors multiplies "
+                                                      r"paths of both \(a product is not linear in path space\)"):
+        trace(Lambda(fn), inputs((1, 8, 8)))
+
+
+def test_len_of_the_input_says_what_to_write_instead():
+    with pytest.raises(NotPiecewiseLinearError, match=r"calls len\(\) on a tensor, which torch.fx cannot trace \(it is "
+                                                      r"a size, not control flow\): write x.size\(0\) or x.shape\[0\]"):
+        trace(Lambda(lambda s, h: h.reshape(len(h), -1)), inputs((1, 8, 8)))
+
+
+def test_a_linear_operation_outside_the_table_is_headed_linear():
+    module = nn.Sequential(nn.Conv2d(1, 1, 3, padding=1, padding_mode="circular"), nn.Flatten(), nn.Linear(64, 1))
+    with pytest.raises(NotPiecewiseLinearError, match=r"is linear but not in the operation table yet: "
+                                                      r"padding_mode='circular' .* Choices: use padding_mode='zeros'"):
+        trace(module, inputs((1, 8, 8)))

@@ -89,6 +89,10 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
     try:
         graph = _Tracer().trace(module)
     except Exception as err:  # fx raises TraceError, TypeError, … on data-dependent control flow
+        if "'len' is not supported" in str(err):
+            raise NotPiecewiseLinearError(
+                f"{type(module).__name__}.forward calls len() on a tensor, which torch.fx cannot trace (it is a "
+                "size, not control flow): write x.size(0) or x.shape[0] instead") from None
         raise NotPiecewiseLinearError(
             f"torch.fx could not trace {type(module).__name__}.forward ({type(err).__name__}: {err}). Control flow "
             "that depends on tensor values (if/for on x) cannot be traced; write it without, or move that part into "

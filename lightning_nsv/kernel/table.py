@@ -14,48 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.refusals import BUFFER, EVAL, REWRITE, TRUNK, NotPiecewiseLinearError, refuse, why_not
 
 __all__ = ["NotPiecewiseLinearError", "refuse"]
-
-
-CHOICES = ("Choices: move it into a trunk that is treated as a fixed embedding (`embedding=`, as in paper 000's "
-           "CNN + FC), replace it (e.g. by nn.ReLU or nn.LeakyReLU), or fold it (BatchNorm into the convolution "
-           "before it).")
-GATE_WHY = "the path kernel needs gates that are fixed once x is fixed; {}'s slope varies continuously with its input"
-
-
-class NotPiecewiseLinearError(ValueError):
-    """The module holds an operation outside the piecewise-linear table of DESIGN.md §2c."""
-
-
-def refuse(where: str, why: str) -> NotPiecewiseLinearError:
-    return NotPiecewiseLinearError(f"{where} is not piecewise linear in the sense of the path kernel (DESIGN.md "
-                                   f"§2c): {why}. {CHOICES}")
-
-
-_SMOOTH = {"sigmoid", "tanh", "gelu", "silu", "softplus", "elu", "selu", "celu", "mish", "hardswish",
-           "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "exp", "log", "sqrt", "rsqrt", "pow", "sin", "cos",
-           "erf", "square"}
-_NORMALISE = {"layer_norm", "group_norm", "instance_norm", "batch_norm", "normalize", "local_response_norm",
-              "rms_norm", "layernorm", "groupnorm", "instancenorm1d", "instancenorm2d", "instancenorm3d",
-              "localresponsenorm", "rmsnorm"}
-_ATTENTION = {"softmax", "log_softmax", "softmin", "scaled_dot_product_attention", "multiheadattention",
-              "logsoftmax", "transformer", "transformerencoderlayer", "transformerdecoderlayer", "transformerencoder"}
-_OTHER_PL = {"relu6", "hardtanh", "hardshrink", "softshrink", "threshold", "prelu", "rrelu"}
-
-
-def _why_not(name: str) -> str | None:
-    key = name.lower()
-    if key in _SMOOTH:
-        return GATE_WHY.format(name)
-    if key in _NORMALISE:
-        return f"{name} normalises by a statistic of the sample, a non-linear function of x"
-    if key in _ATTENTION:
-        return f"{name} weighs its inputs by a softmax, a smooth function of x (no fixed gates)"
-    if key in _OTHER_PL:
-        return (f"{name} is not of the Leaky-ReLU family (slope gamma at z >= 0, beta below): its pieces add "
-                "constants, or its slopes are learnt or random")
-    return None
 
 
 _ADD = {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__radd__", "__iadd__"}
@@ -168,17 +129,17 @@ class Classifier:
         if isinstance(arg, fx.Node):
             if arg.op != "get_attr":
                 raise refuse(where, f"its operand {arg.name} is computed inside forward from parameters, "
-                                    "constants or sizes, which the operation table does not follow")
+                                    "constants or sizes, which the operation table does not follow", BUFFER)
             return self.consts[arg.target], arg.target in self.params
         if isinstance(arg, (int, float)) and not isinstance(arg, bool):
             return float(arg), False
-        raise refuse(where, f"its operand {arg!r} is not a number, parameter or buffer")
+        raise refuse(where, f"its operand {arg!r} is not a number, parameter or buffer", BUFFER)
 
     def classify(self, node: fx.Node) -> R.Rule | None:
         inputs = node.all_input_nodes
         if not any(n in self.dynamic or n in self.meta for n in inputs):
-            raise refuse(_where(node, self.gm), "it computes a tensor from parameters or constants inside forward; "
-                                                "precompute it as a buffer or use a module")
+            raise refuse(_where(node, self.gm), "it computes a tensor from parameters or constants inside forward",
+                         BUFFER)
         if not any(n in self.dynamic for n in inputs):  # arithmetic on sizes
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
@@ -200,19 +161,20 @@ class Classifier:
             return R.Linear(where, *self.weights(m))
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             if m.padding_mode != "zeros":
-                raise refuse(where, f"padding_mode={m.padding_mode!r} pads with values of the input (only zero "
-                                    "padding is in the table); use padding_mode='zeros'")
+                raise refuse(where, f"padding_mode={m.padding_mode!r} pads with values of the input, a fixed linear "
+                                    "map the table does not cover yet (zero padding it does)", "use padding_mode='zeros'",
+                             TRUNK, linear=True)
             return R.Conv(where, m, *self.weights(m))
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             return self.batchnorm(where, m)
         if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)):
             if m.return_indices:
-                raise refuse(where, "return_indices=True returns the indices as a second output")
+                raise refuse(where, "return_indices=True returns the indices as a second output", "pass return_indices=False")
             n = int(type(m).__name__[-2])
             return self.max_pool(node, where, n, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
         if isinstance(m, (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)):
             if m.return_indices:
-                raise refuse(where, "return_indices=True returns the indices as a second output")
+                raise refuse(where, "return_indices=True returns the indices as a second output", "pass return_indices=False")
             return self.adaptive_max_pool(node, where, int(type(m).__name__[-2]), m.output_size)
         if isinstance(m, _AVG_MODULES):
             return self.average_pool(where, _caller(node, self.gm), lambda x: m(x))
@@ -222,12 +184,13 @@ class Classifier:
             return R.Identity(where)
         if isinstance(m, _DROPOUTS):
             if m.training and m.p > 0:
-                raise refuse(where, "dropout in training mode is random; analyse the module in eval mode "
-                                    "(lightning_nsv.models.layers.eval_mode)")
+                raise refuse(where, "dropout in training mode is random", EVAL)
             return R.Identity(where)
-        raise refuse(where, _why_not(type(m).__name__) or f"{type(m).__name__} is not in the operation table "
-                            "(Linear, Conv1d/2d/3d, BatchNorm in eval, Leaky-ReLU family, max/average pooling, "
-                            "Flatten, Identity, Dropout in eval); unknown modules are refused, never skipped")
+        known = why_not(type(m).__name__)
+        if known:
+            raise refuse(where, known[0], *known[1])
+        raise refuse(where, f"{type(m).__name__} is not in the operation table (the README lists it); unknown modules "
+                            "are refused, never skipped", TRUNK, REWRITE)
 
     def weights(self, m: nn.Module) -> tuple[Tensor, Tensor | None]:
         cast = lambda t: None if t is None else t.detach().to(self.device, torch.float64).clone()  # noqa: E731
@@ -235,10 +198,10 @@ class Classifier:
 
     def batchnorm(self, where: str, m: nn.Module) -> R.BatchNorm:
         if m.training:
-            raise refuse(where, "BatchNorm in training mode normalises by the statistics of the batch; analyse the "
-                                "module in eval mode (lightning_nsv.models.layers.eval_mode)")
+            raise refuse(where, "BatchNorm in training mode normalises by the statistics of the batch", EVAL)
         if m.running_var is None:
-            raise refuse(where, "BatchNorm without running statistics normalises by the batch even in eval mode")
+            raise refuse(where, "BatchNorm without running statistics normalises by the batch even in eval mode",
+                         "keep running statistics (track_running_stats=True)", TRUNK)
         var = m.running_var.detach().to(self.device, torch.float64)
         mean = m.running_mean.detach().to(self.device, torch.float64)
         gamma, beta = self.weights(m) if m.affine else (torch.ones_like(var), torch.zeros_like(var))
@@ -274,13 +237,17 @@ class Classifier:
     def function_rule(self, node: fx.Node) -> R.Rule:
         where, target, name = _where(node, self.gm), node.target, _name(node, self.gm)
         dyn = [isinstance(a, fx.Node) and a in self.dynamic for a in node.args]
-        if _why_not(name) is not None:
-            raise refuse(where, _why_not(name))
+        known = why_not(name)
+        if known:
+            raise refuse(where, known[0], *known[1])
+        if sum(dyn) >= 2 and target not in _ADD | _SUB | {torch.cat, torch.concat, torch.stack}:
+            raise refuse(where, f"{name} of two input-dependent tensors multiplies paths of both (a product is not "
+                                "linear in path space)")
         fixed_settings = target not in _ADD | _SUB | _MUL | _DIV | _NEG | _SHAPE_METHODS | _SHAPE_FUNCTIONS | {
             torch.cat, torch.concat, torch.stack}
         if fixed_settings and _holds_node([node.args[1:], node.kwargs]):
             raise refuse(where, "its settings (slope, kernel size, dims) are computed inside forward; the table "
-                                "needs them fixed when the module is traced")
+                                "needs them fixed when the module is traced", "compute them in __init__")
         if target in (F.relu, torch.relu, F.relu_, torch.relu_, "relu", "relu_") or \
                 target in (F.leaky_relu, F.leaky_relu_, "leaky_relu") or target in (torch.abs, "abs"):
             beta = -1.0 if target in (torch.abs, "abs") else \
@@ -299,12 +266,12 @@ class Classifier:
             kw = dict(zip(["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
                           node.args[1:]), **node.kwargs)
             if kw.get("return_indices"):
-                raise refuse(where, "return_indices=True returns the indices as a second output")
+                raise refuse(where, "return_indices=True returns the indices as a second output", "pass return_indices=False")
             return self.max_pool(node, where, _MAX_POOLS[target], kw["kernel_size"], kw.get("stride"),
                                  kw.get("padding", 0), kw.get("dilation", 1), kw.get("ceil_mode", False))
         if target in _ADAPTIVE_MAX:
             if _arg(node, 2, "return_indices", False):
-                raise refuse(where, "return_indices=True returns the indices as a second output")
+                raise refuse(where, "return_indices=True returns the indices as a second output", "pass return_indices=False")
             return self.adaptive_max_pool(node, where, _ADAPTIVE_MAX[target], _arg(node, 1, "output_size"))
         if target in _AVG_POOLS:
             static_args, static_kwargs = node.args[1:], dict(node.kwargs)
@@ -312,16 +279,17 @@ class Classifier:
                                      lambda x: target(x, *static_args, **static_kwargs))
         if target is F.dropout or target in ("dropout",):
             if _arg(node, 2, "training", True) and _arg(node, 1, "p", 0.5) > 0:
-                raise refuse(where, "dropout in training mode is random; pass training=self.training and analyse "
-                                    "the module in eval mode")
+                raise refuse(where, "dropout in training mode is random",
+                             f"pass training=self.training and {EVAL}")
             return R.Identity(where)
-        raise refuse(where, _why_not(name) or f"{name} is not in the operation table of DESIGN.md §2c; unknown "
-                                               "functions are refused, never skipped")
+        raise refuse(where, f"{name} is not in the operation table (the README lists it); unknown functions are "
+                            "refused, never skipped", TRUNK, REWRITE)
 
     def arithmetic(self, node, where, target, dyn) -> R.Rule:
         call = _caller(node, self.gm)
         if node.kwargs:
-            raise refuse(where, f"keyword arguments {sorted(node.kwargs)} are not in the table")
+            raise refuse(where, f"keyword arguments {sorted(node.kwargs)} are not in the table",
+                         "pass the operands by position")
         if target in _NEG:
             return R.FixedMap(where, call, lambda i, o: -1.0)
         if sum(dyn) == 2:
@@ -351,27 +319,27 @@ class Classifier:
     def concatenate(self, node, where, target) -> R.Rule:
         tensors = node.args[0]
         if not all(isinstance(t, fx.Node) and t in self.dynamic for t in tensors):
-            raise refuse(where, "it joins input-dependent tensors with constants; add constants as a shift instead")
+            raise refuse(where, "it joins input-dependent tensors with constants", "add constants as a shift instead")
         dim = _arg(node, 1, "dim", 0)
         rule = R.Passthrough(where, _caller(node, self.gm), "stack" if target is torch.stack else "join", node.name)
 
         def bind(in_shape, out_shape):
             if _norm_dim(dim, len(out_shape)) == 0:
-                raise refuse(where, "it joins along the batch dim")
+                raise refuse(where, "it joins along the batch dim", "join along dims >= 1")
         rule.bind = bind
         return rule
 
     def reduce(self, node, where, name) -> R.Rule:
         dims = _arg(node, 1, "dim")
         if dims is None:
-            raise refuse(where, f"{name} over every dim mixes the samples of the batch; reduce over dims >= 1")
+            raise refuse(where, f"{name} over every dim mixes the samples of the batch", "reduce over dims >= 1")
         dims = _tuple(dims, 1)
         average = name == "mean"
 
         def coefficient(in_shape, out_shape):
             reduced = {_norm_dim(d, len(in_shape)) for d in dims}
             if 0 in reduced:
-                raise refuse(where, f"{name} over the batch dim mixes samples")
+                raise refuse(where, f"{name} over the batch dim mixes samples", "reduce over dims >= 1")
             return 1.0 / math.prod(in_shape[d] for d in reduced) if average else 1.0
         return R.FixedMap(where, _caller(node, self.gm), coefficient)
 
@@ -426,4 +394,4 @@ def _check_batch_axis(node, where, target, in_shape, out_shape) -> None:
     if moved or len(out_shape) == 0 or out_shape[0] != in_shape[0]:
         raise refuse(where, f"it moves, mixes or indexes the batch dim (shape {tuple(in_shape)} -> "
                             f"{tuple(out_shape)}); only reshapes that keep each sample in its row are linear maps "
-                            "of one sample")
+                            "of one sample", "keep dim 0 the batch (x.view(x.size(0), -1), x.flatten(1))")
