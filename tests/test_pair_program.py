@@ -205,3 +205,58 @@ def test_the_torch_engine_on_cuda_equals_numba():
     every = list(range(len(x)))
     assert relative(gpu.columns_tensor(every).cpu(), cpu.columns_tensor(every)) < TOL
     assert relative(gpu.diagonal_tensor().cpu(), cpu.diagonal_tensor()) < TOL
+
+
+class UNetLike(nn.Module):
+    """U-Net-style: a max-pooled path upsampled back (nearest and bilinear), joined with the skip, reflection
+    padding before a valid convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.up = nn.Conv2d(1, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+        self.pad, self.merge = nn.ReflectionPad2d(1), nn.Conv2d(4, 2, 3)
+        self.head = nn.Linear(2 * 64, 1)
+
+    def forward(self, x):
+        skip = F.relu(self.down(x))
+        low = F.relu(self.up(F.max_pool2d(skip, 2)))
+        up = F.interpolate(low, scale_factor=2, mode="bilinear", align_corners=False) + \
+            nn.functional.interpolate(low, scale_factor=2, mode="nearest")
+        h = F.relu(self.merge(self.pad(torch.cat([skip, up], 1))))
+        return self.head(F.pad(h, (0, 0, 0, 0), mode="constant").flatten(1)).squeeze(1)
+
+
+PLANE_MAPS = {
+    "upsample_nearest": lambda: nn.Upsample(scale_factor=2, mode="nearest"),
+    "upsample_bilinear": lambda: nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False),
+    "upsample_bilinear_corners": lambda: nn.UpsamplingBilinear2d(scale_factor=2),
+    "reflection_pad": lambda: nn.ReflectionPad2d((1, 2, 0, 1)),
+    "replication_pad": lambda: nn.ReplicationPad2d(1),
+    "circular_pad": lambda: nn.CircularPad2d(1),
+    "zero_pad": lambda: nn.ZeroPad2d((2, 0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANE_MAPS))
+def test_fixed_maps_of_each_plane_against_enumerated_paths(case):
+    """Interpolation and padding: linear maps of each channel's plane, their constants in phi (§2c); the fused
+    program and the plain pair network against enumerated paths, and both engines equal."""
+    torch.manual_seed(0)
+    layer = PLANE_MAPS[case]()
+    with torch.no_grad():
+        features = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), layer)(torch.zeros(1, 1, 6, 6)).numel()
+    module = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), layer, nn.ReLU(), nn.Flatten(), nn.Linear(features, 1))
+    x = inputs((1, 6, 6), n=4)
+    check_against_enumeration(module, x)
+    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
+    assert fused.engine == "fused pair program (numba)"
+    assert relative(fused.columns_tensor(range(4)), plain.columns_tensor(range(4))) < TOL
+
+
+def test_a_unet_like_network_is_fused_and_exact():
+    torch.manual_seed(0)
+    module, x = UNetLike().eval(), inputs((1, 8, 8), n=4)
+    check_against_enumeration(module, x)
+    for engine in ("numba", "torch"):
+        fused, plain = columns(module, x, engine=engine), columns(module, x, factored=False, collapse=False)
+        assert relative(fused.columns_tensor(range(4)), plain.columns_tensor(range(4))) < TOL

@@ -26,7 +26,8 @@ from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, G
                                             Emitter, NotFusable, PairProgram, Recipe, channels_and_positions, lay_out,
                                             recipe_is_bits, recipe_scale)
 from lightning_nsv.kernel.pair_probes import PerChannel, entry_multiplier, plane_map
-from lightning_nsv.kernel.pair_values import Flat, Map, Mapped, Summed, Term, Terms, Value, positions_of as _positions
+from lightning_nsv.kernel.pair_values import (Added, Flat, Map, Mapped, Summed, Term, Terms, Value,
+                                              positions_of as _positions)
 
 __all__ = ["Compiler", "NotFusable", "PairProgram", "ProgramContext", "compile_pair_program"]
 
@@ -43,6 +44,7 @@ class ProgramContext(Protocol):
     def max_pool(self, rule, v: Value) -> Value: ...
     def branch_sum(self, rule, a: Value, b: Value) -> Value: ...
     def fixed_map(self, rule, args, kwargs) -> Value: ...
+    def plane_map(self, rule, v: Value) -> Value: ...
     def reshape(self, rule, args, kwargs) -> Value: ...
     def same_shape(self, rule, v: Value) -> Value: ...
 
@@ -216,10 +218,8 @@ class Compiler:
         if isinstance(a, Map) and isinstance(b, Map):
             n = self.e.size[a.reg]
             return Map(self.e.emit(ADD, self.e.new(n), a.reg, b.reg, ints=(n,), cost=n), shape)
-        if isinstance(a, Summed) or isinstance(b, Summed) or (isinstance(a, Mapped) and isinstance(b, Mapped)):
-            first, second = a.channel_sum(self), b.channel_sum(self)
-            n = self.e.size[first]
-            return Summed(self.e.emit(ADD, self.e.new(n), first, second, ints=(n,), cost=n), shape)
+        if any(isinstance(v, (Summed, Mapped, Added)) for v in (a, b)):  # the reader decides: summed or split
+            return Added((a, b), shape)
         return Terms(a.terms(self).terms_ + b.terms(self).terms_, shape)
 
     def fixed_map(self, rule, args, kwargs):
@@ -237,6 +237,17 @@ class Compiler:
             self.constants.append(multiplier.sqrt())
             constant = self.recipe(("const", len(self.constants) - 1, out_shape), out_shape)
             return self.refactored(v, lambda factor: self.times(factor, constant, out_shape), out_shape)
+        return self.mapped(rule, v, rows, cols, weights, n_out, in_shape, out_shape)
+
+    def plane_map(self, rule, v):
+        """A fixed map with any coefficients on each channel's plane (:class:`~lightning_nsv.kernel.rules.PlaneMap`):
+        its matrix, every entry squared."""
+        rows, cols, weights = rule.sparse
+        return self.mapped(rule, v, rows, cols, weights ** 2, rule.n_out, tuple(rule.in_shape[1:]),
+                           tuple(rule.out_shape[1:]))
+
+    def mapped(self, rule, v, rows, cols, weights, n_out, in_shape, out_shape):
+        """The sparse map ``(rows, cols, weights)`` (pair constants in) of one plane on every channel of ``v``."""
         if n_out == _positions(in_shape) and np.array_equal(rows, np.arange(n_out)) and \
                 np.array_equal(cols, rows) and np.all(weights == weights[0]):  # c · identity
             scaled = v.scaled(self, float(weights[0]))

@@ -2,7 +2,8 @@
 
 A value of a node is what the program knows of the pair network there, for every pair: the same per-pair map in
 every channel (:class:`Map`), a sum of terms ``coef · S[p] · A(x)[c, p] · A(x')[c, p]`` (:class:`Terms`), only its
-channel sum (:class:`Summed`), a fixed map of terms waiting for its reader (:class:`Mapped`), or a rearrangement
+channel sum (:class:`Summed`), a fixed map of terms or a sum waiting for its reader (:class:`Mapped`,
+:class:`Added`), or a rearrangement
 whose readers sum every entry (:class:`Flat`). Each states its channel sum, its terms, a shift and a scale by
 emitting instructions through the compiler ``c``.
 """
@@ -17,7 +18,7 @@ from lightning_nsv.kernel.pair_code import ADD, ADD_SCALAR, SCALE, SUM, NotFusab
 if TYPE_CHECKING:
     from lightning_nsv.kernel.pair_program import Compiler
 
-__all__ = ["Flat", "Map", "Mapped", "Summed", "Term", "Terms", "Value", "positions_of"]
+__all__ = ["Added", "Flat", "Map", "Mapped", "Summed", "Term", "Terms", "Value", "positions_of"]
 
 
 def positions_of(shape) -> int:
@@ -145,6 +146,34 @@ class Mapped(Value):
 
     def scaled(self, c, factor):
         return Mapped(self.inner.scaled(c, factor), self.sparse, self.shape)
+
+
+@dataclass(eq=False)
+class Added(Value):
+    """A sum of values whose reader decides how it is read: the sum of their channel sums, or all their terms
+    (once each: the declared caches)."""
+
+    parts: tuple
+    shape: tuple[int, ...]
+    summed: int | None = field(default=None, repr=False)
+    joined: Terms | None = field(default=None, repr=False)
+
+    def channel_sum(self, c):
+        if self.summed is None:
+            regs = [part.channel_sum(c) for part in self.parts]
+            n = c.e.size[regs[0]]
+            for reg in regs[1:]:
+                regs[0] = c.e.emit(ADD, c.e.new(n), regs[0], reg, ints=(n,), cost=n)
+            self.summed = regs[0]
+        return self.summed
+
+    def terms(self, c):
+        if self.joined is None:
+            self.joined = Terms(tuple(t for part in self.parts for t in part.terms(c).terms_), self.shape)
+        return self.joined
+
+    def scaled(self, c, factor):
+        return Added(tuple(part.scaled(c, factor) for part in self.parts), self.shape)
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,50 @@ class FixedMap(Rule):
         return ctx.fixed_map(self, args, kwargs)
 
 
+class PlaneMap(Rule):
+    """A fixed linear map acting alike on each channel's plane, with any coefficients (interpolation, reflection,
+    replication or circular padding): its matrix ``D`` on one plane, probed at :meth:`bind`. Its constants go into
+    ``phi`` (§2c), so pair: ``D∘D`` (every entry squared) on each channel; norm: the indicator of ``D``'s entries
+    (weight 1 on each edge)."""
+
+    kind = "fixed"
+
+    def __init__(self, where: str, call, plane: Callable[[Tensor], Tensor], device) -> None:
+        super().__init__(where, call)
+        self.plane, self.device = plane, device  # plane(x): the map on a batch of one-channel planes
+
+    def bind(self, in_shape, out_shape):
+        from lightning_nsv.kernel.pair_probes import PerChannel, plane_map
+        from lightning_nsv.kernel.refusals import NotPiecewiseLinearError
+
+        try:
+            rows, cols, weights, self.n_out = plane_map(self.where, lambda x: self.plane(x), 1.0, tuple(in_shape[1:]),
+                                                        tuple(out_shape[1:]), self.device)
+        except (PerChannel, ValueError) as err:
+            raise NotPiecewiseLinearError(f"{self.where} is linear but not in the operation table yet: it does not "
+                                          f"act alike on every channel ({err}). Choices: move it into a trunk that "
+                                          "is treated as a fixed embedding (`embedding=`)") from None
+        self.sparse = (rows, cols, weights)
+        self.out_spatial = tuple(out_shape[2:])
+        self._index = {}
+
+    def _apply(self, v: Tensor, squared: bool) -> Tensor:
+        rows, cols, weights = (torch.as_tensor(t, device=v.device) for t in self.sparse)
+        w = weights.to(v.dtype) ** 2 if squared else torch.ones_like(weights, dtype=v.dtype)
+        flat = v.reshape(*v.shape[:2], -1)
+        out = flat.new_zeros(*v.shape[:2], self.n_out).index_add_(2, rows, flat[:, :, cols] * w)
+        return out.reshape(*v.shape[:2], *self.out_spatial)
+
+    def pair(self, args, kwargs, ctx):
+        return self._apply(args[0], squared=True)
+
+    def norm(self, args, kwargs):
+        return self._apply(args[0], squared=False)
+
+    def program(self, args, kwargs, ctx):
+        return ctx.plane_map(self, args[0])
+
+
 def window_coefficient(pool: Callable[[Tensor], Tensor], in_shape: tuple[int, ...], device) -> Tensor:
     """``c_o`` of a channel-wise pool with equal coefficients in each window (average pooling): the largest response
     of output ``o`` to the unit inputs of one channel. Shape ``(1, 1, *out)``. Once per trace; cost ``units²`` per

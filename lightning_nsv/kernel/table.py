@@ -36,6 +36,10 @@ _AVG_POOLS = {F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F
               F.adaptive_avg_pool3d}
 _AVG_MODULES = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
                 nn.AdaptiveAvgPool3d)
+_PLANE_MODULES = (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.ReflectionPad1d, nn.ReflectionPad2d,
+                  nn.ReflectionPad3d, nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d, nn.ZeroPad1d,
+                  nn.ZeroPad2d, nn.ZeroPad3d, nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)
+_PLANE_FUNCTIONS = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear, F.pad}
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
@@ -178,6 +182,9 @@ class Classifier:
             return self.adaptive_max_pool(node, where, int(type(m).__name__[-2]), m.output_size)
         if isinstance(m, _AVG_MODULES):
             return self.average_pool(where, _caller(node, self.gm), lambda x: m(x))
+        if isinstance(m, _PLANE_MODULES) or (isinstance(m, (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d))
+                                             and m.value == 0):
+            return R.PlaneMap(where, _caller(node, self.gm), lambda x: m(x), self.device)
         if isinstance(m, (nn.Flatten, nn.Unflatten)):
             return R.Passthrough(where, _caller(node, self.gm), "view", node.name)
         if isinstance(m, nn.Identity):
@@ -273,6 +280,13 @@ class Classifier:
             if _arg(node, 2, "return_indices", False):
                 raise refuse(where, "return_indices=True returns the indices as a second output", "pass return_indices=False")
             return self.adaptive_max_pool(node, where, _ADAPTIVE_MAX[target], _arg(node, 1, "output_size"))
+        if target in _PLANE_FUNCTIONS:  # interpolation, padding: fixed linear maps of each channel's plane
+            static_args, static_kwargs = node.args[1:], dict(node.kwargs)
+            if target is F.pad and _arg(node, 2, "mode", "constant") == "constant" and _arg(node, 3, "value", 0):
+                raise refuse(where, "padding with a non-zero constant adds that constant at the border (an affine "
+                                    "map of the input)", "pad with 0 (F.pad's default)", TRUNK)
+            return R.PlaneMap(where, _caller(node, self.gm), lambda x: target(x, *static_args, **static_kwargs),
+                              self.device)
         if target in _AVG_POOLS:
             static_args, static_kwargs = node.args[1:], dict(node.kwargs)
             return self.average_pool(where, _caller(node, self.gm),
