@@ -134,9 +134,11 @@ def _all_paths(graph: PiecewiseGraph, x: Tensor):
         units_out = value[0].numel()
         parts = []
         if isinstance(rule, R.Gate):
-            z = args[0].reshape(n, -1)
-            slope = torch.where(z >= 0, torch.tensor(rule.gamma, dtype=torch.float64),
-                                torch.tensor(rule.beta, dtype=torch.float64))
+            below = torch.as_tensor(rule.beta, dtype=torch.float64)
+            if below.dim() == 1:  # one slope per channel (PReLU)
+                below = below.view(1, -1, *[1] * (args[0].dim() - 2))
+            slope = torch.where(args[0] >= 0, torch.tensor(rule.gamma, dtype=torch.float64),
+                                below).expand(args[0].shape).reshape(n, -1)
             edges = torch.stack([torch.arange(units_out)] * 2, 1)
             parts.append(extend(paths[inputs[0].name], edges, torch.ones(units_out, dtype=torch.float64), slope))
         elif isinstance(rule, R.MaxPool):

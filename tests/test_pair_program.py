@@ -2,6 +2,8 @@
 and against enumerated paths (DESIGN.md §2c)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -260,3 +262,45 @@ def test_a_unet_like_network_is_fused_and_exact():
     for engine in ("numba", "torch"):
         fused, plain = columns(module, x, engine=engine), columns(module, x, factored=False, collapse=False)
         assert relative(fused.columns_tensor(range(4)), plain.columns_tensor(range(4))) < TOL
+
+
+class FunctionalPReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.slope = nn.Conv2d(1, 3, 3), nn.Parameter(torch.tensor([0.2, -0.5, 1.5]))
+        self.head = nn.Linear(3 * 16, 1)
+
+    def forward(self, x):
+        return self.head(F.prelu(self.conv(x), self.slope).flatten(1)).squeeze(1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Sequential(nn.Conv2d(1, 3, 3), nn.PReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(12, 1)),
+    lambda: nn.Sequential(nn.Conv2d(1, 3, 3), nn.PReLU(3, init=0.3), nn.Conv2d(3, 2, 3), nn.PReLU(2),
+                          nn.Flatten(), nn.Linear(2 * 4, 2)),
+    lambda: nn.Sequential(nn.Flatten(), nn.Linear(36, 5), nn.PReLU(5), nn.Linear(5, 1)),
+    FunctionalPReLU,
+], ids=["one_slope", "per_channel", "mlp_per_unit", "functional"])
+def test_prelu_slopes_against_enumerated_paths(make):
+    """A PReLU's learned slopes are gates fixed once x is fixed (§2c): the slope of the piece in phi, one per channel
+    where it has one; the per-unit PReLU of an MLP takes the pair network (no single slope for §1's formulas)."""
+    torch.manual_seed(0)
+    module = make().eval()
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.PReLU):
+                m.weight.uniform_(-1.0, 1.5)
+    x = inputs((1, 6, 6), n=5)
+    check_against_enumeration(module, x)
+    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
+    assert fused.engine == "fused pair program (numba)"
+    assert relative(fused.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
+
+
+def test_a_prelu_of_one_slope_has_the_kernel_of_leaky_relu_with_that_slope():
+    torch.manual_seed(0)
+    prelu = nn.Sequential(nn.Conv2d(1, 2, 3), nn.PReLU(init=0.3), nn.Flatten(), nn.Linear(32, 1)).eval()
+    leaky = copy.deepcopy(prelu)
+    leaky[1] = nn.LeakyReLU(float(prelu[1].weight))
+    x = inputs((1, 6, 6), n=5)
+    assert torch.equal(columns(prelu, x).columns_tensor(range(5)), columns(leaky, x).columns_tensor(range(5)))

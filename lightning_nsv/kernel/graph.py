@@ -23,11 +23,12 @@ __all__ = ["GateLayer", "NotPiecewiseLinearError", "PiecewiseGraph", "PoolLayer"
 
 
 class GateLayer(NamedTuple):
-    """A Leaky-ReLU-family layer: fx node ``name``, ``where`` for messages, slopes, unit shape of one sample."""
+    """A gate layer (Leaky-ReLU family, PReLU): fx node ``name``, ``where`` for messages, slopes (``beta`` a number
+    or a float64 tensor of one per channel), unit shape of one sample."""
 
     name: str
     where: str
-    beta: float
+    beta: Any
     gamma: float
     shape: tuple[int, ...]
 
@@ -276,8 +277,8 @@ def _chain(graph: PiecewiseGraph, classifier: Classifier, shapes: dict) -> tuple
         if isinstance(rule, R.Linear) and state in ("input", "gate") and len(shapes[node.name]) == 2:
             linears.append(rule)
             state = "linear"
-        elif isinstance(rule, R.Gate) and state == "linear":
-            gates.append(rule)
+        elif isinstance(rule, R.Gate) and state == "linear" and not isinstance(rule.beta, Tensor):
+            gates.append(rule)  # one slope below 0 (§1's formulas; a PReLU per channel takes the pair network)
             state = "gate"
         elif state in ("linear", "output") and isinstance(rule, (R.Passthrough, R.Squeeze)):
             state = "output"

@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from lightning_nsv.kernel.slopes import relu_type
+
 __all__ = ["Emitter", "FactorSlot", "NotFusable", "PairProgram", "Recipe", "channels_and_positions", "lay_out",
            "recipe_is_bits", "recipe_scale"]
 
@@ -96,7 +98,7 @@ def recipe_is_bits(recipe: Recipe | None, family: dict[str, tuple[float, float]]
     if kind in ("input", "const"):
         return False
     if kind == "gate":
-        return family[recipe[1]][0] == 0.0
+        return relu_type(family[recipe[1]][0])
     if kind == "mul":
         return recipe_is_bits(recipe[1], family) and recipe_is_bits(recipe[2], family)
     return recipe_is_bits(recipe[1], family)  # pick, embed, view, call, at: as the factor they carry

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_code import PairProgram, Recipe, recipe_scale
+from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 
 __all__ = ["SampleFactors", "sample_factors"]
 
@@ -82,11 +83,7 @@ def _evaluate(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo
     elif kind == "gate":
         beta, gamma = family[recipe[1]]
         mask = gates.bits[recipe[1]][rows]
-        if beta == 0.0:
-            out = (mask, True)
-        else:
-            as64 = lambda v: torch.tensor(v, dtype=torch.float64, device=mask.device)  # noqa: E731
-            out = (torch.where(mask, as64(gamma), as64(beta)), False)
+        out = (mask, True) if relu_type(beta) else (gate_slopes(mask, beta, gamma), False)
     elif kind == "mul":
         (a, a_mask), (b, b_mask) = (_evaluate(r, graph, x, gates, rows, family, memo) for r in recipe[1:])
         if a_mask and b_mask:

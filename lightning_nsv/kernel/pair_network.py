@@ -23,6 +23,7 @@ from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
 from lightning_nsv.kernel.path_norm import output_gram, path_norm_squared
+from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
@@ -101,13 +102,8 @@ def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_B
                  {name: cat(name) for name, *_ in graph.pools})
 
 
-def _slopes(bits: Tensor, beta: float, gamma: float) -> Tensor:
-    """``sigma = gamma`` where ``z >= 0``, else ``beta``, in float64 (DESIGN.md §1: 0.1 in float32 is not 0.1)."""
-    if beta == 0.0:
-        ones = bits.to(torch.float64)
-        return ones if gamma == 1.0 else ones.mul_(gamma)
-    as64 = lambda v: torch.tensor(v, dtype=torch.float64, device=bits.device)  # noqa: E731
-    return torch.where(bits, as64(gamma), as64(beta))
+def _slopes(bits: Tensor, beta, gamma: float) -> Tensor:
+    return gate_slopes(bits, beta, gamma)
 
 
 class _PairContext:
@@ -142,7 +138,7 @@ class _PairContext:
         """The slopes of a ReLU-type gate layer (``beta = 0``: ``gamma`` times a mask) as packed bits of the block's
         first and second samples; ``None`` for other layers."""
         beta, gamma = self.family[name]
-        if beta != 0.0:
+        if not relu_type(beta):
             return None
         packed = self.gates.packed(name, gamma)
         return packed[self.a], packed[self.b]

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_code import NotFusable
+from lightning_nsv.kernel.slopes import gate_slopes
 from lightning_nsv.kernel.windows import box_sum, conv2d_by_shifts
 
 __all__ = ["Rule", "box_sum", "conv2d_by_shifts"]
@@ -128,21 +129,24 @@ class BranchSum(Rule):
 
 
 class Gate(Rule):
-    """Leaky-ReLU family (DESIGN.md §1): slope ``gamma`` where ``z >= 0`` (``0`` included), ``beta`` below."""
+    """Leaky-ReLU family (DESIGN.md §1) and PReLU: slope ``gamma`` where ``z >= 0`` (``0`` included), ``beta`` below
+    (one number, or one per channel)."""
 
     kind = "gate"
     # set by the trace when the input is constant over channels (after a groups=1 conv) and the only reader sums
     # over channels (a groups=1 conv, or flatten then Linear): the pair value leaves with one channel (§2c "Speed")
     collapse = False
 
-    def __init__(self, where: str, name: str, beta: float, gamma: float) -> None:
-        super().__init__(where, None)
-        self.name, self.beta, self.gamma = name, float(beta), float(gamma)
+    def __init__(self, where: str, name: str, beta, gamma: float) -> None:
+        super().__init__(where, None)  # beta: a number, or a float64 tensor of one slope per channel (PReLU)
+        self.name, self.beta, self.gamma = name, beta if isinstance(beta, Tensor) else float(beta), float(gamma)
 
     def forward(self, args, kwargs, ctx):
         z = args[0]
         bits = z >= 0
         ctx.record(self.name, bits)
+        if isinstance(self.beta, Tensor):
+            return z * gate_slopes(bits, self.beta, self.gamma)
         if self.beta == 0.0 and self.gamma == 1.0:
             return torch.relu(z)  # the same values, one pass (0 below, where 0·z would give -0)
         return torch.where(bits, self.gamma * z, self.beta * z)

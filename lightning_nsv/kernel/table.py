@@ -94,9 +94,10 @@ def _arg(node: fx.Node, index: int, key: str, default=None):
 
 
 def _holds_node(obj) -> bool:
+    """Whether ``obj`` holds a value computed inside forward (a parameter or buffer read as it is does not count)."""
     found = []
     fx.node.map_arg(obj, lambda a: found.append(a))
-    return bool(found)
+    return any(a.op != "get_attr" for a in found)
 
 
 def _tuple(value, n: int) -> tuple[int, ...]:
@@ -157,7 +158,7 @@ class Classifier:
 
     def module_rule(self, node: fx.Node, m: nn.Module) -> R.Rule:
         where = _where(node, self.gm)
-        slopes = _leaky_slopes(m)
+        slopes = _leaky_slopes(m) or (self.prelu_slopes(m.weight) if isinstance(m, nn.PReLU) else None)
         if slopes is not None:
             self.gates.append((node.name, where, *slopes))
             return R.Gate(where, node.name, *slopes)
@@ -198,6 +199,11 @@ class Classifier:
             raise refuse(where, known[0], *known[1])
         raise refuse(where, f"{type(m).__name__} is not in the operation table (the README lists it); unknown modules "
                             "are refused, never skipped", TRUNK, REWRITE)
+
+    def prelu_slopes(self, weight: Tensor) -> tuple[Any, float]:
+        """A PReLU's learned slopes below 0 (float64, one number or one per channel) and 1 above."""
+        weight = weight.detach().to(self.device, torch.float64).reshape(-1).clone()
+        return (float(weight[0]) if weight.numel() == 1 else weight), 1.0
 
     def weights(self, m: nn.Module) -> tuple[Tensor, Tensor | None]:
         cast = lambda t: None if t is None else t.detach().to(self.device, torch.float64).clone()  # noqa: E731
@@ -257,10 +263,16 @@ class Classifier:
                                 "needs them fixed when the module is traced", "compute them in __init__")
         if target in (F.relu, torch.relu, F.relu_, torch.relu_, "relu", "relu_") or \
                 target in (F.leaky_relu, F.leaky_relu_, "leaky_relu") or target in (torch.abs, "abs"):
-            beta = -1.0 if target in (torch.abs, "abs") else \
-                float(_arg(node, 1, "negative_slope", 0.01)) if "leaky" in name else 0.0
+            slope = _arg(node, 1, "negative_slope", 0.01)
+            slope = self.static_value(slope, where)[0] if isinstance(slope, fx.Node) else slope
+            beta = -1.0 if target in (torch.abs, "abs") else float(slope) if "leaky" in name else 0.0
             self.gates.append((node.name, where, beta, 1.0))
             return R.Gate(where, node.name, beta, 1.0)
+        if target in (F.prelu, torch.prelu, "prelu"):
+            weight, _ = self.static_value(node.args[1], where)
+            beta, gamma = self.prelu_slopes(torch.as_tensor(weight))
+            self.gates.append((node.name, where, beta, gamma))
+            return R.Gate(where, node.name, beta, gamma)
         if target in _ADD | _SUB | _MUL | _DIV | _NEG:
             return self.arithmetic(node, where, target, dyn)
         if target in _SHAPE_METHODS or target in _SHAPE_FUNCTIONS:
