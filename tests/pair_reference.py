@@ -141,6 +141,13 @@ def _all_paths(graph: PiecewiseGraph, x: Tensor):
                                 below).expand(args[0].shape).reshape(n, -1)
             edges = torch.stack([torch.arange(units_out)] * 2, 1)
             parts.append(extend(paths[inputs[0].name], edges, torch.ones(units_out, dtype=torch.float64), slope))
+        elif isinstance(rule, R.Select):  # an edge from each branch, coefficient 1 where that branch is chosen
+            a, b = args[0].reshape(n, -1), args[1].reshape(n, -1)
+            first = (a <= b if rule.minimum else a >= b).to(torch.float64)
+            edges = torch.stack([torch.arange(units_out)] * 2, 1)
+            ones = torch.ones(units_out, dtype=torch.float64)
+            parts.append(extend(paths[inputs[0].name], edges, ones, first))
+            parts.append(extend(paths[inputs[1].name], edges, ones, 1 - first))
         elif isinstance(rule, R.MaxPool):
             parts.append(_max_pool_paths(rule, args[0], paths[inputs[0].name]))
         else:

@@ -304,3 +304,49 @@ def test_a_prelu_of_one_slope_has_the_kernel_of_leaky_relu_with_that_slope():
     leaky[1] = nn.LeakyReLU(float(prelu[1].weight))
     x = inputs((1, 6, 6), n=5)
     assert torch.equal(columns(prelu, x).columns_tensor(range(5)), columns(leaky, x).columns_tensor(range(5)))
+
+
+class Maxout(nn.Module):
+    """Two branches and their elementwise maximum (and minimum), as a maxout unit or a max-merge of a skip."""
+
+    def __init__(self, minimum: bool = False, functional=torch.maximum) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(1, 2, 3, padding=1), nn.Conv2d(1, 2, 3, padding=1, bias=False)
+        self.fn = torch.minimum if minimum else functional
+        self.head = nn.Linear(2 * 36, 1)
+
+    def forward(self, x):
+        h = self.fn(self.a(x), F.relu(self.b(x)))
+        return self.head(F.relu(h).flatten(1)).squeeze(1)
+
+
+class MethodMax(Maxout):
+    def forward(self, x):
+        return self.head(self.a(x).maximum(self.b(x)).flatten(1)).squeeze(1)
+
+
+@pytest.mark.parametrize("make", [Maxout, lambda: Maxout(minimum=True), lambda: Maxout(functional=torch.max),
+                                  MethodMax], ids=["maximum", "minimum", "torch_max", "method"])
+def test_a_selection_between_two_branches_against_enumerated_paths(make):
+    """torch.maximum/minimum of two branches: a one-hot choice per unit (§2c), ties to the first branch; the choice
+    counts among the gates and the activation patterns."""
+    torch.manual_seed(0)
+    module, x = make().eval(), inputs((1, 6, 6), n=5)
+    check_against_enumeration(module, x)
+    for engine in ("numba", "torch"):
+        fused, plain = columns(module, x, engine=engine), columns(module, x, factored=False, collapse=False)
+        assert relative(fused.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
+    reference = columns(module, x, engine="reference")
+    assert relative(reference.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
+    graph = trace(module, x)
+    assert len(graph.gates) >= 1 and any(g.name.startswith(("maximum", "minimum", "max")) for g in graph.gates)
+
+
+def test_a_tie_goes_to_the_first_branch():
+    class Tie(nn.Module):
+        def forward(self, x):
+            return torch.maximum(x, 2 * x - x).sum((1, 2, 3))
+
+    graph = trace(Tie(), inputs((1, 2, 2), n=2))
+    gates = compute_gates(graph, inputs((1, 2, 2), n=2))
+    assert bool(next(iter(gates.bits.values())).all())

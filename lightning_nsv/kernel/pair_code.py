@@ -43,7 +43,7 @@ class NotFusable(ValueError):
 # hi, shape) (1 on those channels), ("embed", a | None, lo, hi, shape) (a on those channels, 0 elsewhere),
 # ("view", a, shape) (reshaped), ("call", a, node, shape) (the node's shape operation applied to a), ("const", k,
 # shape) (the program's constants[k], the same for every sample), ("at", a, k, shape) (a read at the plane
-# positions constants[k] of each output position)
+# positions constants[k] of each output position), ("not", a) (1 − a, a a 0/1 mask of scale 1)
 Recipe = tuple
 
 
@@ -101,7 +101,7 @@ def recipe_is_bits(recipe: Recipe | None, family: dict[str, tuple[float, float]]
         return relu_type(family[recipe[1]][0])
     if kind == "mul":
         return recipe_is_bits(recipe[1], family) and recipe_is_bits(recipe[2], family)
-    return recipe_is_bits(recipe[1], family)  # pick, embed, view, call, at: as the factor they carry
+    return recipe_is_bits(recipe[1], family)  # pick, embed, view, call, at, not: as the factor they carry
 
 
 def recipe_scale(recipe: Recipe | None, family: dict[str, tuple[float, float]]) -> float:
@@ -111,7 +111,7 @@ def recipe_scale(recipe: Recipe | None, family: dict[str, tuple[float, float]]) 
         return family[recipe[1]][1]
     if kind == "mul":
         return recipe_scale(recipe[1], family) * recipe_scale(recipe[2], family)
-    if kind in ("pick", "embed", "view", "call", "at"):
+    if kind in ("pick", "embed", "view", "call", "at", "not"):
         return recipe_scale(recipe[1], family)
     return 1.0
 

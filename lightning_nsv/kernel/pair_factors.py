@@ -109,6 +109,9 @@ def _evaluate(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo
         value, is_mask = _evaluate(recipe[1], graph, x, gates, rows, family, memo)
         index = program_constants(graph)[recipe[2]].to(value.device)
         out = (value.flatten(2).index_select(2, index).reshape(len(value), *recipe[3]), is_mask)
+    elif kind == "not":
+        value, _ = _evaluate(recipe[1], graph, x, gates, rows, family, memo)
+        out = (~value, True)
     elif kind == "view":
         value, is_mask = _evaluate(recipe[1], graph, x, gates, rows, family, memo)
         out = (value.reshape(len(value), *recipe[2]), is_mask)

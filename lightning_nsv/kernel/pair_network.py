@@ -159,6 +159,15 @@ class _PairContext:
         first, second = self.bit_sides(name) or self.sides(name)
         return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
 
+    def select(self, name: str, first: Tensor, second: Tensor) -> Tensor:
+        """A selection between two branches (:class:`~lightning_nsv.kernel.rules.Select`): the pair values of the
+        branch both samples choose, else 0."""
+        bits = self.gates.bits[name]
+        chose = lambda t: t.to(torch.float64)  # noqa: E731
+        both_first = self.combine(bits, lambda a, b: chose(a & b))
+        both_second = self.combine(bits, lambda a, b: chose(~a & ~b))
+        return first * both_first + second * both_second
+
     def pool(self, name: str, v: Tensor) -> Tensor:
         """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same
         one, else 0 (§2c), ``(P, C, *out)``."""

@@ -14,7 +14,7 @@ import torch
 
 from lightning_nsv.kernel.pair_code import NotFusable, channels_and_positions
 
-__all__ = ["PerChannel", "entry_multiplier", "plane_map"]
+__all__ = ["PerChannel", "entry_multiplier", "plane_map", "probe_plane"]
 
 PROBE_UNITS = 1024  # unit inputs a call
 
@@ -78,3 +78,16 @@ def entry_multiplier(where: str, call, c, in_shape, out_shape, device) -> torch.
     if bool((multiplier < 0).any()):
         raise refuse
     return multiplier.cpu()
+
+
+def probe_plane(where: str, plane, in_shape, out_shape, device) -> tuple[tuple[np.ndarray, ...], int]:
+    """The matrix of a :class:`~lightning_nsv.kernel.rules.PlaneMap` (``plane(x)``: the map on one-channel planes)
+    as sparse ``(rows, cols, weights)`` and its outputs a plane, or a refusal where it does not act alike on every
+    channel."""
+    from lightning_nsv.kernel.refusals import TRUNK, refuse
+
+    try:
+        rows, cols, weights, n_out = plane_map(where, plane, 1.0, in_shape, out_shape, device)
+    except NotFusable as err:
+        raise refuse(where, f"it does not act alike on every channel ({err})", TRUNK, linear=True) from None
+    return (rows, cols, weights), n_out

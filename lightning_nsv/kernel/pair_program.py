@@ -43,6 +43,7 @@ class ProgramContext(Protocol):
     def shift(self, rule, v: Value) -> Value: ...
     def max_pool(self, rule, v: Value) -> Value: ...
     def branch_sum(self, rule, a: Value, b: Value) -> Value: ...
+    def select(self, rule, a: Value, b: Value) -> Value: ...
     def fixed_map(self, rule, args, kwargs) -> Value: ...
     def plane_map(self, rule, v: Value) -> Value: ...
     def reshape(self, rule, args, kwargs) -> Value: ...
@@ -211,6 +212,15 @@ class Compiler:
                                                        ints=(n, self.e.index_table(index.tolist())), cost=n)
         return self.picked[reg, pool, unit]
 
+    def select(self, rule, a, b):
+        """A selection between two branches: each branch's terms times the samples' indicator of choosing it (the
+        gate layer's bits, or their complement)."""
+        shape = tuple(rule.out_shape[1:])
+        chose_first = self.recipe(("gate", rule.name), shape)
+        chose_second = self.recipe(("not", chose_first), shape)
+        return Terms(self.refactored(a, lambda f: self.times(f, chose_first, shape), shape).terms_ +
+                     self.refactored(b, lambda f: self.times(f, chose_second, shape), shape).terms_, shape)
+
     def branch_sum(self, rule, a, b):
         shape = tuple(rule.out_shape[1:])
         if a.shape != b.shape:
@@ -272,7 +282,7 @@ class Compiler:
         if kind == "join":
             return self.join(rule, args, kwargs)
         if kind == "select":
-            return self.select(rule, v, args, in_shape, out_shape)
+            return self.channel_slice(rule, v, args, in_shape, out_shape)
         if kind not in ("view", "permute"):
             raise NotFusable(f"{rule.where}: a shape operation of the pair program does not cover ({kind})")
         if out_shape == in_shape and kind == "view":
@@ -307,7 +317,7 @@ class Compiler:
             lo = hi
         return Terms(tuple(terms), out_shape)
 
-    def select(self, rule, v, args, in_shape, out_shape):
+    def channel_slice(self, rule, v, args, in_shape, out_shape):
         """Indexing that slices the channels only (``x[:, 2:5]``): the factors sliced alike."""
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
         if len(index) < 2 or index[0] != slice(None) or not isinstance(index[1], slice) or \

@@ -28,9 +28,9 @@ from torch import Tensor
 
 from lightning_nsv.kernel.pair_code import NotFusable
 from lightning_nsv.kernel.slopes import gate_slopes
-from lightning_nsv.kernel.windows import box_sum, conv2d_by_shifts
+from lightning_nsv.kernel.windows import box_sum, conv2d_by_shifts, window_coefficient
 
-__all__ = ["Rule", "box_sum", "conv2d_by_shifts"]
+__all__ = ["Rule", "box_sum", "conv2d_by_shifts", "window_coefficient"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -311,19 +311,11 @@ class PlaneMap(Rule):
         self.plane, self.device = plane, device  # plane(x): the map on a batch of one-channel planes
 
     def bind(self, in_shape, out_shape):
-        from lightning_nsv.kernel.pair_probes import PerChannel, plane_map
-        from lightning_nsv.kernel.refusals import NotPiecewiseLinearError
+        from lightning_nsv.kernel.pair_probes import probe_plane
 
-        try:
-            rows, cols, weights, self.n_out = plane_map(self.where, lambda x: self.plane(x), 1.0, tuple(in_shape[1:]),
-                                                        tuple(out_shape[1:]), self.device)
-        except (PerChannel, ValueError) as err:
-            raise NotPiecewiseLinearError(f"{self.where} is linear but not in the operation table yet: it does not "
-                                          f"act alike on every channel ({err}). Choices: move it into a trunk that "
-                                          "is treated as a fixed embedding (`embedding=`)") from None
-        self.sparse = (rows, cols, weights)
+        self.sparse, self.n_out = probe_plane(self.where, self.plane, tuple(in_shape[1:]), tuple(out_shape[1:]),
+                                              self.device)
         self.out_spatial = tuple(out_shape[2:])
-        self._index = {}
 
     def _apply(self, v: Tensor, squared: bool) -> Tensor:
         rows, cols, weights = (torch.as_tensor(t, device=v.device) for t in self.sparse)
@@ -340,22 +332,6 @@ class PlaneMap(Rule):
 
     def program(self, args, kwargs, ctx):
         return ctx.plane_map(self, args[0])
-
-
-def window_coefficient(pool: Callable[[Tensor], Tensor], in_shape: tuple[int, ...], device) -> Tensor:
-    """``c_o`` of a channel-wise pool with equal coefficients in each window (average pooling): the largest response
-    of output ``o`` to the unit inputs of one channel. Shape ``(1, 1, *out)``. Once per trace; cost ``units²`` per
-    plane (seconds for a 112×112 plane)."""
-    spatial = tuple(in_shape[2:])
-    units = math.prod(spatial)
-    step = max(1, (8 << 20) // units)  # unit inputs per call: about 64 MiB of float64
-    best = None
-    for lo in range(0, units, step):
-        basis = torch.zeros(min(step, units - lo), units, dtype=torch.float64, device=device)
-        basis[torch.arange(len(basis)), torch.arange(lo, lo + len(basis))] = 1.0
-        out = pool(basis.view(len(basis), 1, *spatial)).amax(0, keepdim=True)
-        best = out if best is None else torch.maximum(best, out)
-    return best
 
 
 class ParamScale(Rule):
@@ -397,6 +373,33 @@ class Shift(Rule):
 
     def program(self, args, kwargs, ctx):
         return ctx.shift(self, args[self.position])
+
+
+class Select(Rule):
+    """``torch.maximum``/``minimum`` of two input-dependent branches: a selection between them (§2c), the edge from
+    the branch chosen, indicator 1 (ties: the first branch). Recorded as a gate layer ``name`` whose bit is set where
+    the first branch is chosen. Pair: the branch both samples choose, else 0; norm: both branches (gate 1)."""
+
+    kind = "select"
+
+    def __init__(self, where: str, name: str, minimum: bool) -> None:
+        super().__init__(where, None)
+        self.name, self.minimum = name, minimum
+
+    def forward(self, args, kwargs, ctx):
+        a, b = args[0], args[1]
+        first = a <= b if self.minimum else a >= b
+        ctx.record(self.name, first)
+        return torch.where(first, a, b)
+
+    def pair(self, args, kwargs, ctx):
+        return ctx.select(self.name, args[0], args[1])
+
+    def norm(self, args, kwargs):
+        return args[0] + args[1]
+
+    def program(self, args, kwargs, ctx):
+        return ctx.select(self, args[0], args[1])
 
 
 class MaxPool(Rule):

@@ -39,6 +39,7 @@ _AVG_MODULES = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, 
 _PLANE_MODULES = (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.ReflectionPad1d, nn.ReflectionPad2d,
                   nn.ReflectionPad3d, nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d, nn.ZeroPad1d,
                   nn.ZeroPad2d, nn.ZeroPad3d, nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)
+_SELECTIONS = {torch.maximum, torch.minimum, torch.max, torch.min, "maximum", "minimum", "max", "min"}
 _PLANE_FUNCTIONS = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear, F.pad}
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -253,6 +254,9 @@ class Classifier:
         known = why_not(name)
         if known:
             raise refuse(where, known[0], *known[1])
+        if target in _SELECTIONS and sum(dyn) == 2 and len(node.args) == 2 and not node.kwargs:
+            self.gates.append((node.name, where, 0.0, 1.0))  # bit: the first branch is chosen
+            return R.Select(where, node.name, minimum=name in ("minimum", "min"))
         if sum(dyn) >= 2 and target not in _ADD | _SUB | {torch.cat, torch.concat, torch.stack}:
             raise refuse(where, f"{name} of two input-dependent tensors multiplies paths of both (a product is not "
                                 "linear in path space)")

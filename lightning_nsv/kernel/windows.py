@@ -2,13 +2,14 @@
 :mod:`lightning_nsv.kernel.rules` (the pair network's box filters, the float64 forward's convolutions)."""
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["box_sum", "conv2d_by_shifts"]
+__all__ = ["box_sum", "conv2d_by_shifts", "window_coefficient"]
 
 
 def box_sum(v: Tensor, kernel: Sequence[int], stride: Sequence[int], left: Sequence[int],
@@ -91,3 +92,19 @@ def _box_line(v: Tensor, axis: int, k: int, dilation: int, left: int, out: int) 
     for lo, hi, offset in rest:
         total.narrow(axis, lo, hi - lo).add_(v.narrow(axis, lo + offset, hi - lo))
     return total
+
+
+def window_coefficient(pool: Callable[[Tensor], Tensor], in_shape: tuple[int, ...], device) -> Tensor:
+    """``c_o`` of a channel-wise pool with equal coefficients in each window (average pooling): the largest response
+    of output ``o`` to the unit inputs of one channel. Shape ``(1, 1, *out)``. Once per trace; cost ``units²`` per
+    plane (seconds for a 112×112 plane)."""
+    spatial = tuple(in_shape[2:])
+    units = math.prod(spatial)
+    step = max(1, (8 << 20) // units)  # unit inputs per call: about 64 MiB of float64
+    best = None
+    for lo in range(0, units, step):
+        basis = torch.zeros(min(step, units - lo), units, dtype=torch.float64, device=device)
+        basis[torch.arange(len(basis)), torch.arange(lo, lo + len(basis))] = 1.0
+        out = pool(basis.view(len(basis), 1, *spatial)).amax(0, keepdim=True)
+        best = out if best is None else torch.maximum(best, out)
+    return best
