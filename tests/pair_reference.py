@@ -61,6 +61,8 @@ def _values(graph: PiecewiseGraph, x: Tensor) -> dict:
 
 
 class _NullRecorder:
+    watch_ties = False
+
     def record(self, name, value):
         pass
 

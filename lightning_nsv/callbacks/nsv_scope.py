@@ -44,7 +44,12 @@ class NoAnalysableScopeError(UnsupportedNetworkError, NotPiecewiseLinearError):
 class _Discard:
     """Forward-mode context of :func:`~lightning_nsv.kernel.graph.run` that keeps no gates."""
 
+    watch_ties = False
+
     def record(self, name: str, value: Tensor) -> None:
+        pass
+
+    def tie(self, samples: Tensor) -> None:
         pass
 
 

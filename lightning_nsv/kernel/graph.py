@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.fx as fx
@@ -137,14 +137,30 @@ def _frees(nodes: list[fx.Node]) -> list[list[fx.Node]]:
     return frees
 
 
-class _Recorder:
-    """Forward-mode context: keeps what gates and max pools record."""
+class ForwardContext(Protocol):
+    """What a rule's ``forward`` writes to (:mod:`lightning_nsv.kernel.rules`): the choices of its gates, max pools
+    and selections (``record``) and, where ``watch_ties``, the samples with a choice within
+    :data:`~lightning_nsv.kernel.ties.TIE` of its other side (``tie``: a bool per sample)."""
 
-    def __init__(self) -> None:
+    watch_ties: bool
+
+    def record(self, name: str, value: Tensor) -> None: ...
+    def tie(self, samples: Tensor) -> None: ...
+
+
+class _Recorder:
+    """Forward-mode context: keeps what gates, max pools and selections record, and which samples had a near-tie."""
+
+    def __init__(self, watch_ties: bool = False) -> None:
         self.records: dict[str, Tensor] = {}
+        self.watch_ties, self.ties = watch_ties, None
 
     def record(self, name: str, value: Tensor) -> None:
         self.records[name] = value
+
+    def tie(self, samples: Tensor) -> None:
+        self.ties = samples if self.ties is None else self.ties | samples
+
 
 
 def run(graph: PiecewiseGraph, x: Tensor, mode: str, ctx=None, capture: str | None = None,

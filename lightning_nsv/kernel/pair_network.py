@@ -81,7 +81,9 @@ def _rows_per_block(graph: PiecewiseGraph, memory_bytes: int) -> int:
 def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_BYTES) -> Gates:
     """One float64 forward of ``x`` (``(m, *input_shape)``, any float dtype, any device) a block of rows at a time
     (within ``memory_bytes`` and :data:`FORWARD_BLOCK_BYTES`), on the graph's device: ``N(x)``, the slope bits and
-    the max-pool selections (§2c)."""
+    the max-pool selections (§2c). A choice within :data:`~lightning_nsv.kernel.ties.TIE` of its other side is
+    decided by the sample's forward run alone (:func:`_decide_ties_alone`): the choices do not depend on how the
+    samples are split."""
     if tuple(x.shape[1:]) != graph.input_shape:
         raise ValueError(f"inputs of shape {tuple(x.shape[1:])} per sample, the graph was traced on "
                          f"{graph.input_shape}")
@@ -91,8 +93,11 @@ def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_B
         chunk = x[lo:lo + step].to(graph.device, torch.float64)
         if not torch.isfinite(chunk).all():
             raise NonFiniteError(f"inputs {lo}..{lo + len(chunk) - 1} hold NaN or inf")
-        recorder = _Recorder()
-        outputs.append(run(graph, chunk, "forward", recorder))
+        recorder = _Recorder(watch_ties=True)
+        out = run(graph, chunk, "forward", recorder)
+        if recorder.ties is not None and bool(recorder.ties.any()):
+            _decide_ties_alone(graph, chunk, out, recorder)
+        outputs.append(out)
         records.append(recorder.records)
     output = torch.cat(outputs) if outputs else torch.empty(0, *graph.output_shape, dtype=torch.float64)
     if not torch.isfinite(output).all():
@@ -100,6 +105,23 @@ def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_B
     cat = lambda name: torch.cat([r[name] for r in records])  # noqa: E731
     return Gates(output, {name: cat(name) for name, *_ in graph.gates},
                  {name: cat(name) for name, *_ in graph.pools})
+
+
+def _decide_ties_alone(graph: PiecewiseGraph, chunk: Tensor, out: Tensor, recorder: _Recorder) -> None:
+    """The rule for near-ties (:data:`~lightning_nsv.kernel.ties.TIE`): a sample with a choice that close to its
+    other side takes every choice and its output from its own float64 forward, run alone on one thread; elsewhere
+    the block's rounding cannot change a choice, so every sample's choices are those of that forward, whatever the
+    block, tile or thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in torch.nonzero(recorder.ties)[:, 0].tolist():
+            alone = _Recorder()
+            out[i] = run(graph, chunk[i:i + 1], "forward", alone)[0]
+            for name, value in alone.records.items():
+                recorder.records[name][i] = value[0]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _slopes(bits: Tensor, beta, gamma: float) -> Tensor:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_code import NotFusable
+from lightning_nsv.kernel.ties import near_ties
 from lightning_nsv.kernel.slopes import gate_slopes
 from lightning_nsv.kernel.windows import box_sum, conv2d_by_shifts, window_coefficient
 
@@ -145,6 +146,8 @@ class Gate(Rule):
         z = args[0]
         bits = z >= 0
         ctx.record(self.name, bits)
+        if ctx.watch_ties:
+            ctx.tie(near_ties(z.abs(), z))
         if isinstance(self.beta, Tensor):
             return z * gate_slopes(bits, self.beta, self.gamma)
         if self.beta == 0.0 and self.gamma == 1.0:
@@ -390,6 +393,8 @@ class Select(Rule):
         a, b = args[0], args[1]
         first = a <= b if self.minimum else a >= b
         ctx.record(self.name, first)
+        if ctx.watch_ties:
+            ctx.tie(near_ties((a - b).abs(), torch.maximum(a.abs(), b.abs()), exact_zero=(a == 0) & (b == 0)))
         return torch.where(first, a, b)
 
     def pair(self, args, kwargs, ctx):
@@ -419,6 +424,9 @@ class MaxPool(Rule):
     def forward(self, args, kwargs, ctx):
         out, index = self.pool(args[0])
         ctx.record(self.name, index.to(torch.int32))
+        if ctx.watch_ties:  # the runner-up of each window: the input with the chosen unit at -inf
+            rest = args[0].flatten(2).scatter(2, index.flatten(2), float("-inf")).view_as(args[0])
+            ctx.tie(near_ties(out - self.pool(rest)[0], args[0], exact_zero=out == 0))
         return out
 
     def pair(self, args, kwargs, ctx):
