@@ -37,8 +37,9 @@ from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.analysis.whole_network_checks import (check_arguments, check_input_shape, check_scope_name,
                                                          check_zero_error)
-from lightning_nsv.analysis.whole_network_budget import (DEFAULT_TIME_BUDGET, AnalysisCost, CostEstimate, TimeBudgetError,
-                                                       estimate_cost, say_to_stderr)
+from lightning_nsv.analysis.whole_network_budget import (DEFAULT_TIME_BUDGET, AnalysisCost, CostEstimate,
+                                                         TimeBudgetError, check_budgets, check_cost_arguments,
+                                                         check_cost_options, estimate_cost, say_to_stderr)
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
 from lightning_nsv.solver import initial_indices, max_margin, pair_max_margin
@@ -48,7 +49,7 @@ from lightning_nsv.solver.multiclass import _pair_result, _pairs, class_labels, 
 from lightning_nsv.analysis.binary import SupportVectorAnalysis, signed_labels
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.warm_start import INITIAL_MARGINS
-from lightning_nsv.solver.options import is_count, solver_device as solver_backend_device
+from lightning_nsv.solver.options import solver_device as solver_backend_device
 
 __all__ = ["SignsNotComputed", "TimeBudgetError", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis",
            "memory_estimate", "serve_whole_network_columns", "whole_network_cost", "whole_network_support_vectors"]
@@ -243,7 +244,7 @@ def whole_network_support_vectors(
             (:class:`~lightning_nsv.kernel.pair_sharded.ShardedPairColumns`; the other ranks run
             :func:`serve_whole_network_columns` on the same module and inputs meanwhile).
         time_budget: seconds (default an hour); the analysis is refused up front (:class:`TimeBudgetError`, saying
-            how many samples would fit) when its cost estimate is above it; ``None``: no limit.
+            how many samples would fit) when its cost estimate is above it; ``None`` or ``inf``: no limit.
         say: where the estimate goes when the analysis will take more than about 10 s (default: stderr; ``None``:
             not said).
         progress: a bar of the pair-network evaluations against the estimate, with an ETA, for analyses that long.
@@ -259,13 +260,9 @@ def whole_network_support_vectors(
     """
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     check_scope_name(scope_name)
-    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) or
-                                    not time_budget > 0 or math.isnan(time_budget)):
-        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit), got {time_budget!r}")
+    time_budget = check_cost_options(time_budget, say, progress, budget_advice)
+    check_budgets(block_bytes, memory_bytes)
     started = time.perf_counter()
-    if not is_count(block_bytes) or block_bytes < 1:
-        raise ValueError(f"`block_bytes` must be a positive integer (bytes of one block of the pair network), "
-                         f"got {block_bytes!r}")
     m = len(x_train)
     graph = _trace(module, x_train)
     num_outputs = graph.num_outputs
@@ -334,8 +331,10 @@ def whole_network_cost(module: nn.Module, x_sample: Tensor, m: int, n_val: int =
     """What :func:`whole_network_support_vectors` of ``module`` on ``m`` training samples (and ``n_val`` validation
     samples) will cost, before training: the pair network's rate measured on the samples ``x_sample`` (a few dozen
     training inputs; the rate depends on the architecture, not the weights) and the memory the analysis allocates
-    before its solver (refused here already where it does not fit). A few tenths of a second."""
+    before its solver (refused here already where it does not fit). A few tenths of a second. ``m >= 1`` and
+    ``n_val >= 0`` are integers (Python or numpy); ``m`` may be smaller than ``len(x_sample)``."""
     started = time.perf_counter()
+    m, n_val = check_cost_arguments(x_sample, m, n_val, block_bytes, memory_bytes)
     check_input_shape(module, x_sample)
     graph = _trace(module, x_sample)
     parts = memory_estimate(graph, m, n_val, block_bytes)

@@ -11,13 +11,21 @@ an ETA.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass
+
+import numpy as np
 import torch
 
+from lightning_nsv.analysis.checks import check_finite_samples
+from lightning_nsv.kernel.pair_checks import check_bytes
+from lightning_nsv.solver.options import is_count
+
 __all__ = ["DEFAULT_TIME_BUDGET", "SAY_ABOVE_SECONDS", "AnalysisCost", "CostEstimate", "PairBar", "TimeBudgetError",
-           "estimate_cost", "say_to_stderr"]
+           "check_budgets", "check_cost_arguments", "check_cost_options",
+           "check_time_budget", "estimate_cost", "say_to_stderr"]
 
 SAY_ABOVE_SECONDS = 10.0
 DEFAULT_TIME_BUDGET = 3600.0  # seconds: an analysis estimated above it is refused unless the caller raises it
@@ -28,16 +36,95 @@ class TimeBudgetError(ValueError):
     """The analysis would take longer than the time budget allows."""
 
 
+def check_time_budget(time_budget) -> float | None:
+    """``time_budget`` as float seconds, or ``None`` (no limit; ``inf`` means the same and is kept); refuses
+    anything else (a bool, a string, NaN, zero or less), for the analysis and the callback alike."""
+    if time_budget is None:
+        return None
+    if isinstance(time_budget, (bool, np.bool_)) or not isinstance(time_budget, numbers.Real) or \
+            not time_budget > 0:  # NaN is not > 0
+        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit; inf means the "
+                         f"same), got {time_budget!r} ({type(time_budget).__name__}); e.g. time_budget=3600 for an "
+                         "hour")
+    try:
+        return float(time_budget)
+    except OverflowError:  # an integer beyond float's range: no limit, as inf
+        return math.inf
+
+
+def check_cost_options(time_budget, say, progress, advice) -> float | None:
+    """Refuse what :class:`AnalysisCost` would misuse late (``say`` called only when an analysis is long, ``progress``
+    read as a truth value): the budget as :func:`check_time_budget` returns it."""
+    if say is not None and not callable(say):
+        raise TypeError(f"`say` must be a function that takes the estimate's text (e.g. print, or a logger's info) or "
+                        f"None (not said), got {say!r} ({type(say).__name__})")
+    if not isinstance(progress, (bool, np.bool_)):
+        raise TypeError(f"`progress` must be True or False, got {progress!r} ({type(progress).__name__}); a string "
+                        "such as 'no' would count as True")
+    if not isinstance(advice, str) or not advice.strip():
+        raise ValueError(f"`budget_advice` must be a non-empty string (what a time-budget refusal suggests besides a "
+                         f"subsample, e.g. the network's head), got {advice!r}")
+    return check_time_budget(time_budget)
+
+
+def check_budgets(block_bytes, memory_bytes) -> None:
+    """Refuse a ``block_bytes`` or ``memory_bytes`` (``None``: no budget) that is no positive integer."""
+    check_bytes("block_bytes", block_bytes)
+    if memory_bytes is not None:
+        check_bytes("memory_bytes", memory_bytes)
+
+
+def check_cost_arguments(x_sample, m, n_val, block_bytes, memory_bytes) -> tuple[int, int]:
+    """Refuse what :func:`~lightning_nsv.analysis.whole_network.whole_network_cost` cannot measure or count: no
+    tensor of samples, non-finite samples, ``m`` or ``n_val`` that are no integers ``>= 1`` and ``>= 0`` (numpy
+    integers are taken, as Python ints)."""
+    if not isinstance(x_sample, torch.Tensor) or not len(x_sample):
+        got = f"a tensor of shape {tuple(x_sample.shape)}" if isinstance(x_sample, torch.Tensor) else \
+            type(x_sample).__name__
+        raise ValueError(f"`x_sample` must be a few training inputs, a tensor (n, *input_shape) with n >= 1 (e.g. "
+                         f"x_train[:32]), got {got}")
+    for name, value, low, what in (("m", m, 1, "training"), ("n_val", n_val, 0, "validation")):
+        if not (is_count(value) and value >= low):
+            raise ValueError(f"`{name}` must be an integer >= {low} (the {what} samples the analysis will take), got "
+                             f"{value!r} ({type(value).__name__})")
+    check_budgets(block_bytes, memory_bytes)
+    if x_sample.is_floating_point():
+        check_finite_samples(x_sample.reshape(len(x_sample), -1), "x_sample inputs")
+    return int(m), int(n_val)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    days = seconds / 86400
+    if days < 730:
+        return f"{days:.0f} days"
+    years = days / 365.25
+    return f"{years:,.0f} years" if years < 1e6 else f"{years:.1e} years"
+
+
+def _per_pair(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} µs"
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _count(n: float) -> str:
-    return f"{n / 1e9:.2f} G" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,.0f}"
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if n < 1000 * scale else f"{n:.2e}"
+    return f"{n:,.0f}"
+
+
+def _bytes(n: float) -> str:
+    for shift, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift:
+            return f"{n / 2 ** shift:.1f} {unit}" if n < 1024 << shift else f"{n / 2 ** 40:.2e} TiB"
+    return f"{n:.0f} B"
 
 
 @dataclass(frozen=True)
@@ -70,6 +157,15 @@ class CostEstimate:
     engine: str
     flops_per_second: float
 
+    def __post_init__(self) -> None:
+        rates = (self.seconds_per_pair, self.solver_seconds, self.flops_per_second)
+        if not (is_count(self.m) and self.m >= 1 and is_count(self.n_val) and self.n_val >= 0
+                and all(math.isfinite(r) and r >= 0 for r in rates) and self.flops_per_second > 0):
+            raise ValueError(f"a cost estimate needs m >= 1 and n_val >= 0 samples (integers), finite rates >= 0 and a "
+                             f"GEMM rate > 0, got m={self.m!r}, n_val={self.n_val!r}, seconds_per_pair="
+                             f"{self.seconds_per_pair!r}, solver_seconds={self.solver_seconds!r}, flops_per_second="
+                             f"{self.flops_per_second!r}")
+
     @property
     def seconds(self) -> float:
         """Seconds still to come, at most."""
@@ -77,15 +173,22 @@ class CostEstimate:
 
     def describe(self) -> str:
         return (f"whole-network analysis of m = {self.m:,}: up to {_count(self.pairs)} pairs (the dense kernel; whole "
-                f"networks need 75–100% of it) at {self.seconds_per_pair * 1e6:.2f} µs a pair (measured on "
-                f"{self.calibration_pairs:,} pairs, {self.engine}), up to {_duration(self.seconds)} more"
+                f"networks need 75–100% of it) at {_per_pair(self.seconds_per_pair)} a pair (measured on "
+                f"{self.calibration_pairs:,} pair{'' if self.calibration_pairs == 1 else 's'}, {self.engine}), up to "
+                f"{_duration(self.seconds)} more"
                 f"{f' (the solver {_duration(self.solver_seconds)} of it)' if self.solver_seconds >= 1 else ''} and "
-                f"up to {self.memory_bytes / 2**30:.1f} GiB ({self.before_solve_bytes / 2**30:.2f} GiB before the "
-                f"solver starts, then 16·m bytes per support vector)")
+                f"up to {_bytes(self.memory_bytes)} ({_bytes(self.before_solve_bytes)} before the solver starts, "
+                "then 16·m bytes per support vector)")
 
     def affordable_m(self, budget: float) -> int:
-        """The largest number of training samples whose estimate fits ``budget`` seconds (from this one's
-        rates)."""
+        """The largest number of training samples (at most this estimate's ``m``) whose cost still to come fits
+        ``budget`` seconds, from this one's rates; ``budget`` as :func:`check_time_budget` takes it (``None`` or
+        ``inf``: ``m``). What is already spent (:attr:`spent_seconds`) is not counted against it, as in
+        :meth:`check`."""
+        budget = check_time_budget(budget)
+        if budget is None or budget == math.inf:
+            return self.m
+
         def cost(m: int) -> float:
             return (m * m / 2 + m + self.n_val * m) * self.seconds_per_pair + m ** 3 / 3 / self.flops_per_second
         lo, hi = 0, self.m
@@ -98,6 +201,7 @@ class CostEstimate:
         """Refuses (:class:`TimeBudgetError`) when the estimate is above ``time_budget`` seconds, saying what
         fits: a subsample of the largest size that does, and ``advice`` (the head of the network, where there is
         one)."""
+        time_budget = check_time_budget(time_budget)
         if time_budget is None or self.seconds <= time_budget:
             return
         fits = self.affordable_m(time_budget)

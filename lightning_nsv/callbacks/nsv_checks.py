@@ -20,6 +20,7 @@ from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import signed_labels
+from lightning_nsv.analysis.whole_network_budget import check_time_budget
 from lightning_nsv.analysis.checks import conflicting_duplicates, one_class_message
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.kernel.formulas import forward_with_slopes
@@ -59,10 +60,7 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
                                                for n in image_shape)):
         raise ValueError(f"`image_shape` must be (C, H, W) or (H, W) of positive integers, e.g. (1, 8, 8), or None; "
                          f"got {image_shape!r}")
-    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, numbers.Real) or
-                                    not 0 < time_budget < math.inf):
-        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit), got "
-                         f"{time_budget!r}")
+    check_time_budget(time_budget)  # as whole_network_support_vectors checks it (inf: no limit, as None)
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")

@@ -190,21 +190,30 @@ class ScopeChoice:
     def _check_cost(self, trainer, pl_module: nn.Module, dataset: Dataset) -> None:
         """Before training: what the whole-network analysis at zero training error will cost (the pair network's
         rate on a few training inputs, the architecture's, not the weights'), said when long, and refused above
-        ``time_budget`` (every rank takes rank 0's verdict)."""
+        ``time_budget`` (every rank takes rank 0's verdict); refused on every rank where the estimate refuses on one
+        (the memory the analysis allocates before its solver, checked on each)."""
         sample = _module_inputs(pl_module, _example_inputs(dataset, COST_SAMPLES))
         if not bool(torch.isfinite(sample).all()):
             return  # the first batch's check names the data
-        estimate = whole_network_cost(pl_module, sample, len(dataset), len(_val_dataset(trainer) or ()))
-        if estimate.seconds > SAY_ABOVE_SECONDS:
-            self._say(trainer, f"NetworkSupportVectors: at zero training error, the {estimate.describe()}")
+        refusal, here = None, None
         try:
-            estimate.check(self.time_budget, self._budget_advice)
-            refusal = None
-        except TimeBudgetError as err:
-            refusal = f"NetworkSupportVectors: {err}"
-        refusal = trainer.strategy.broadcast(refusal, src=0)
+            estimate = whole_network_cost(pl_module, sample, len(dataset), len(_val_dataset(trainer) or ()))
+        except ValueError as err:  # e.g. the memory it allocates before its solver does not fit this rank
+            here = f"NetworkSupportVectors: before training, for the analysis at zero training error: {err}"
+        else:
+            if estimate.seconds > SAY_ABOVE_SECONDS:
+                self._say(trainer, f"NetworkSupportVectors: at zero training error, the {estimate.describe()}")
+            try:
+                estimate.check(self.time_budget, self._budget_advice)
+            except TimeBudgetError as err:
+                refusal = f"NetworkSupportVectors: {err}"
+        refusal = trainer.strategy.broadcast(refusal, src=0)  # rank 0's rate decides
+        fits = trainer.strategy.reduce_boolean_decision(here is None, all=True)  # no rank raises alone
         if refusal is not None:
             raise TimeBudgetError(refusal)
+        if not fits:
+            raise ValueError(here or "NetworkSupportVectors: before training, another rank refused the analysis at "
+                             "zero training error (see that rank's error, e.g. its memory)")
 
     @property
     def _budget_advice(self) -> str:

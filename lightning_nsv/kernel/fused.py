@@ -7,10 +7,14 @@ per-sample factors and the engine that runs the program on pairs: ``numba`` (com
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
-from lightning_nsv.kernel.pair_engines import numba_available, numba_outer, numba_pairs, torch_pairs
+from lightning_nsv.kernel.pair_checks import check_samples
+from lightning_nsv.kernel.pair_engines import NO_NUMBA, numba_available, numba_outer, numba_pairs, numba_turned_off, \
+    torch_pairs
 from lightning_nsv.kernel.pair_factors import SampleFactors, factor_bytes, sample_factors
 from lightning_nsv.kernel.pair_code import NotFusable, PairProgram
 from lightning_nsv.kernel.pair_program import compile_pair_program
@@ -35,11 +39,14 @@ def pair_program(graph) -> PairProgram:
 
 def resolve_engine(engine: str, device: torch.device) -> str:
     """``auto``: numba on a CPU where numba imports, torch elsewhere."""
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
     if engine == "numba" and (device.type != "cpu" or not numba_available()):
-        raise ValueError(f"engine='numba' runs on the CPU with numba installed (device {device}, numba "
-                         f"{'available' if numba_available() else 'not available'}); use engine='torch'")
+        why = f"the graph is on {device}" if device.type != "cpu" else (
+            f"{NO_NUMBA}={os.environ.get(NO_NUMBA)} turns numba off (unset it, or set it to 0)" if numba_turned_off()
+            else "numba is not installed (pip install numba)")
+        raise ValueError(f"engine='numba' runs on the CPU with numba, but {why}; or use engine='torch' (the same "
+                         "program as torch operations, on any device)")
     if engine == "auto":
         return "numba" if device.type == "cpu" and numba_available() else "torch"
     return engine
@@ -87,7 +94,9 @@ class FusedPairs:
 
 def fuse(graph, x: Tensor, gates, engine: str = "auto") -> FusedPairs:
     """The :class:`FusedPairs` of ``graph`` on the samples ``x`` with their ``gates``; :class:`NotFusable` names
-    what the program cannot express."""
+    what the program cannot express. Inputs and gates that are not the graph's, and non-finite inputs, are refused
+    before anything is formed (:func:`~lightning_nsv.kernel.pair_checks.check_samples`)."""
+    check_samples(graph, x, gates)
     engine = resolve_engine(engine, graph.device)
     program = pair_program(graph)
     return FusedPairs(program, sample_factors(program, graph, x, gates), engine, graph.device)

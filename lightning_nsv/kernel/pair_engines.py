@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_factors import SampleFactors
+from lightning_nsv.kernel.pair_checks import check_factors, check_indices, check_threads, index_arrays
 from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS,
                                             SCALE, SPMV, SUM, PairProgram)
 
-__all__ = ["numba_available", "numba_outer", "numba_pairs", "torch_pairs"]
+__all__ = ["NO_NUMBA", "numba_available", "numba_outer", "numba_pairs", "numba_turned_off", "torch_pairs"]
 
 try:  # numba is a dependency; a platform without its wheels runs the torch formulation
     import numba
@@ -33,8 +34,19 @@ except ImportError:  # pragma: no cover - exercised only where numba is missing
     numba = None
 
 
+NO_NUMBA = "LIGHTNING_NSV_NO_NUMBA"  # set to 1 (or true, yes, on): the compiled runner is not used
+_UNSET = ("", "0", "false", "no", "off")
+
+
+def numba_turned_off() -> bool:
+    """Whether :data:`NO_NUMBA` turns the compiled runner off (``1``, ``true``, ``yes``, ``on``; not ``0``,
+    ``false``, ``no``, ``off`` or empty)."""
+    return os.environ.get(NO_NUMBA, "").strip().lower() not in _UNSET
+
+
 def numba_available() -> bool:
-    return numba is not None and os.environ.get("LIGHTNING_NSV_NO_NUMBA", "") in ("", "0")
+    """Whether numba imports and :data:`NO_NUMBA` does not turn it off."""
+    return numba is not None and not numba_turned_off()
 
 
 if numba is not None:
@@ -279,21 +291,24 @@ def _parallel(work, parts: list) -> None:
 
 
 def _program_args(program: PairProgram, factors: SampleFactors) -> tuple:
+    check_factors(program, factors.bits, factors.dense)  # the runner reads rows at the program's offsets, unchecked
     return (program.code, program.values, program.table, program.table.view(np.uint64), program.weights,
             program.scratch, program.scratch - program.temp, program.out, factors.bits, factors.dense)
 
 
 def _threads(threads: int | None, work: int) -> int:
+    check_threads(threads)
     return max(1, min(work, threads or torch.get_num_threads()))
 
 
 def numba_pairs(program: PairProgram, factors: SampleFactors, first: np.ndarray, second: np.ndarray,
                 threads: int | None = None) -> np.ndarray:
     """``K(x_first[k], x_second[k])`` for every ``k`` (int64 numpy indices into the factors' rows), float64 numpy,
-    by the compiled runner on ``threads`` threads (default: torch's)."""
-    first, second = (np.ascontiguousarray(v, dtype=np.int64) for v in (first, second))
-    out = np.empty(len(first), dtype=np.float64)
+    by the compiled runner on ``threads`` threads (default: torch's). Indices outside the factors' rows, or
+    ``first`` and ``second`` of two lengths, are refused (:mod:`~lightning_nsv.kernel.pair_checks`)."""
     args = _program_args(program, factors)
+    first, second = index_arrays(len(factors.bits), True, first=first, second=second)
+    out = np.empty(len(first), dtype=np.float64)
     bounds = np.linspace(0, len(first), _threads(threads, len(first)) + 1).astype(np.int64)
     _parallel(lambda k: _run_pairs(*args, first[bounds[k]:bounds[k + 1]], second[bounds[k]:bounds[k + 1]],
                                    out[bounds[k]:bounds[k + 1]]), list(range(len(bounds) - 1)))
@@ -309,9 +324,10 @@ def numba_outer(program: PairProgram, factors: SampleFactors, rows: np.ndarray, 
     """``K(x_rows[a], x_cols[b])`` as float64 numpy ``(len(rows), len(cols))`` by the compiled runner; threads take
     bands of rows, or of columns where there are more blocks of those; a tile of fewer than
     :data:`THREADED_PAIRS` pairs runs on the calling thread (the pool's hand-over would cost more)."""
-    rows, cols = (np.ascontiguousarray(v, dtype=np.int64) for v in (rows, cols))
-    out = np.empty((len(rows), len(cols)), dtype=np.float64)
     args = _program_args(program, factors)
+    rows, cols = index_arrays(len(factors.bits), False, rows=rows, cols=cols)
+    check_threads(threads)  # (a small tile runs on the calling thread: checked all the same)
+    out = np.empty((len(rows), len(cols)), dtype=np.float64)
     by_rows = len(rows) >= len(cols)
     blocks = -(-(len(rows) if by_rows else len(cols)) // BLOCK_SIDE)
     parts = _threads(threads, blocks) if out.size >= THREADED_PAIRS else 1
@@ -342,6 +358,8 @@ def torch_pairs(program: PairProgram, bits: Tensor, dense: Tensor, first: Tensor
     """The same as :func:`numba_pairs` by torch operations over all the pairs at once (``bits`` and ``dense`` from
     :meth:`SampleFactors.tensors`, indices on their device), float64 on that device."""
     device = dense.device
+    check_factors(program, bits, dense)
+    check_indices(len(dense), True, first=first, second=second)
     s = torch.zeros(len(first), program.scratch, dtype=torch.float64, device=device)
     table = torch.as_tensor(program.table, device=device)
     weights = torch.as_tensor(program.weights, device=device)

@@ -22,6 +22,7 @@ from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
+from lightning_nsv.kernel.pair_checks import check_bytes, check_engine, check_samples
 from lightning_nsv.kernel.path_norm import output_gram, path_norm_squared
 from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
@@ -236,9 +237,10 @@ class PairNetworkColumns(KernelColumns):
     def __init__(self, graph: PiecewiseGraph, x: Tensor, gates: Gates, *, memory_bytes: int = MEMORY_BYTES,
                  fast: bool = True, collapse: bool = True, factored: bool = True,
                  cache_bytes: int = CACHE_BYTES, engine: str = "auto") -> None:
-        if len(x) != len(gates) or tuple(x.shape[1:]) != graph.input_shape:
-            raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
-                             f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
+        check_engine(engine, factored, collapse)
+        check_bytes("memory_bytes", memory_bytes)
+        check_bytes("cache_bytes", cache_bytes, low=0)
+        check_samples(graph, x, gates)  # before anything is formed: non-finite inputs named, not run
         self.graph, self.gates, self.collapse, self.factored = graph, gates, collapse, factored
         self.x = x.detach().to(graph.device, torch.float64)
         self.pairs_per_block = _rows_per_block(graph, memory_bytes)
