@@ -285,8 +285,6 @@ def test_word_widths_outside_8_16_32_64_are_refused(conv, word_bits):
         compile_pair_program(conv[0], word_bits=word_bits)
 
 
-@pytest.mark.xfail(strict=True, reason="pair_code.lay_out takes 16.0 (16.0 in (8, 16, 32, 64)) and keeps a float "
-                                       "word width: its check belongs there (is_count), a file this issue may not edit")
 def test_a_float_word_width_is_refused(conv):
     with pytest.raises(ValueError, match="word_bits must be 8, 16, 32 or 64"):
         compile_pair_program(conv[0], word_bits=16.0)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from lightning_nsv.kernel import compute_gates, trace
-from lightning_nsv.kernel.graph import _Recorder, run
+from lightning_nsv.kernel.graph import Recorder, run
 from lightning_nsv.kernel.ties import TIE
 from tests.test_pair_network import randomise_bn
 
@@ -49,7 +49,7 @@ def alone(graph, x) -> dict[str, torch.Tensor]:
     try:
         parts = []
         for i in range(len(x)):
-            recorder = _Recorder()
+            recorder = Recorder()
             run(graph, x[i:i + 1], "forward", recorder)
             parts.append(recorder.records)
     finally:
@@ -88,7 +88,7 @@ def test_choices_do_not_depend_on_the_block_or_the_threads(traced, rows, threads
 def test_the_crafted_inputs_hold_near_ties(traced):
     """The test above would hold trivially without near-ties: the inputs give some (the rule re-ran them alone)."""
     graph, x = traced
-    recorder = _Recorder(watch_ties=True)
+    recorder = Recorder(watch_ties=True)
     run(graph, x, "forward", recorder)
     assert recorder.ties is not None and 0 < int(recorder.ties.sum()) < len(x)
     assert TIE == 1e-10
@@ -118,3 +118,10 @@ def test_a_block_that_rounds_otherwise_does_not_change_a_choice(traced, monkeypa
         assert torch.equal(bits, reference[name]), name
     for name, chosen in gates.selections.items():
         assert torch.equal(chosen, reference[name]), name
+
+
+def test_no_samples_give_empty_choices(traced):
+    graph, x = traced
+    gates = compute_gates(graph, x[:0])
+    assert len(gates) == 0 and set(gates.bits) == {g.name for g in graph.gates}
+    assert all(bits.shape == (0, *g.shape) for g, bits in zip(graph.gates, gates.bits.values()))

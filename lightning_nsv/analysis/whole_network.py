@@ -108,7 +108,7 @@ class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
         scope: :func:`~lightning_nsv.kernel.scope_summary` as text ("whole network: 5 maps, 4 gate layers, …").
         kernel_engine, kernel_pairs: how the kernel entries were computed (``PairNetworkColumns.engine``) and how many
             pair-network evaluations the analysis ran (training kernel, diagonal, validation kernel).
-        estimate: the :class:`~lightning_nsv.analysis.whole_network_cost.CostEstimate` said before the solve.
+        estimate: the :class:`~lightning_nsv.analysis.whole_network_budget.CostEstimate` said before the solve.
         scope_counts: the same as numbers (``to_metrics()``: ``scope_maps``, ``scope_gate_layers``,
             ``scope_max_pools``, ``scope_gates``).
         signs: :data:`NOT_COMPUTED` (a :class:`SignsNotComputed`; its metrics are left out).

@@ -107,7 +107,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             operation named (and the choices) where it is not piecewise linear; ``"head"``: the head only.
         time_budget: Seconds (default an hour) a whole-network analysis may take: before training, its cost is
             estimated (the pair network's rate on a few training inputs; said when above 10 s) and the fit refused
-            above it (``TimeBudgetError``, saying what fits); ``None``: no limit.
+            above it (``TimeBudgetError``, saying what fits); ``None`` or ``inf``: no limit.
         solver: Where the binary head's active-set solver keeps its kernel columns and Cholesky factor:
             ``"torch"`` on the analysis device, ``"numpy"`` on the CPU, ``"auto"`` torch on a GPU and numpy on the
             CPU (less CPU time there). The analysis device is the module's for CUDA (the zero-error pass, the kernel

@@ -148,7 +148,7 @@ class ForwardContext(Protocol):
     def tie(self, samples: Tensor) -> None: ...
 
 
-class _Recorder:
+class Recorder:
     """Forward-mode context: keeps what gates, max pools and selections record, and which samples had a near-tie."""
 
     def __init__(self, watch_ties: bool = False) -> None:
@@ -221,7 +221,7 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
         rule.bind(in_shape, tuple(value.shape))
         env_shapes[node.name] = tuple(value.shape)
 
-    out = run(graph, x, "forward", _Recorder(), after=bind)
+    out = run(graph, x, "forward", Recorder(), after=bind)
     _check_output(graph, module, example, out)
     graph.input_shape, graph.output_shape = tuple(x.shape[1:]), tuple(out.shape[1:])
     graph.gates = [GateLayer(name, where, beta, gamma, env_shapes[name][1:])

@@ -236,7 +236,7 @@ def lay_out(emitter: Emitter, out: int, shapes: dict, family: dict, temp: int, c
     masks = [(c, math.prod(s)) for (c, s), b in zip(split, bits) if b]
     if word_bits is None:  # ties: wider words, fewer of them
         word_bits = min((64, 32, 16, 8), key=lambda w: sum(-(-c // w) * p * w for c, p in masks))
-    if word_bits not in (8, 16, 32, 64):
+    if isinstance(word_bits, bool) or not isinstance(word_bits, int) or word_bits not in (8, 16, 32, 64):
         raise ValueError(f"word_bits must be 8, 16, 32 or 64, got {word_bits!r}")
     layout, words, values = [], 0, 0
     for (channels, spatial), is_bits in zip(split, bits):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,7 +17,9 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel.bitmasks import Bits
 from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_parts, symmetric_block
 from lightning_nsv.kernel.factored import channel_overlap, run_factored
-from lightning_nsv.kernel.graph import PiecewiseGraph, _Recorder, run
+from lightning_nsv.kernel.gates import MEMORY_BYTES, Gates, rows_per_block, compute_gates
+from lightning_nsv.kernel.summary import ScopeSummary, scope_summary, unique_patterns
+from lightning_nsv.kernel.graph import PiecewiseGraph, run
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
@@ -30,99 +31,8 @@ from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]
 
-# default budget of one block of pairs (all values alive at once in the plain pair network; the factored network's
-# per-sample factors pay in blocks of many rows and columns: factored_block_scale); on a GPU pass a larger budget
-MEMORY_BYTES = 128 << 20
-# at most this much of the float64 forward alive at once: blocks whose maps stay in the cores' caches (SmallResNet(16),
-# 2,000 samples of 3×32×32: 1.8 s in blocks of 32 MiB, 2.4 s of 128 MiB, 3.8 s of 1 MiB)
-FORWARD_BLOCK_BYTES = 32 << 20
 # default budget of the columns PairNetworkColumns keeps (8·m bytes each: the whole kernel up to m = 11,585)
 CACHE_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class Gates:
-    """What the float64 forward of the frozen network fixes for each sample (DESIGN.md §2c).
-
-    Attributes:
-        output: ``N(x)``, ``(m,)`` or ``(m, K)``, float64.
-        bits: per gate layer (fx node name) ``z >= 0`` as bool, ``(m, *shape)``: slope ``gamma`` where set, else
-            ``beta`` (the layer's family is in ``graph.gates``).
-        selections: per max pool the flat index (within its channel's plane) of the selected input, int32,
-            ``(m, C, *out)``: torch's choice on ties.
-    """
-
-    output: Tensor
-    bits: dict[str, Tensor]
-    selections: dict[str, Tensor]
-    _packed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def __len__(self) -> int:
-        return self.output.shape[0]
-
-    def packed(self, name: str, gamma: float) -> Bits:
-        """The slopes of a ReLU-type gate layer (``beta = 0``) as packed bits of every sample, formed once."""
-        if name not in self._packed:
-            self._packed[name] = Bits.pack(self.bits[name], scale=gamma)
-        return self._packed[name]
-
-    def hits(self, name: str, j: int, unit: Tensor, valid: Tensor) -> Bits:
-        """Whether max pool ``name`` selects its windows' unit ``j`` (``unit``: the unit's flat index per output,
-        ``valid``: where it is real), as packed bits of every sample, formed once."""
-        if (name, j) not in self._packed:
-            chosen = self.selections[name]
-            self._packed[name, j] = Bits.pack(((chosen.flatten(2) == unit) & valid).view(chosen.shape))
-        return self._packed[name, j]
-
-
-def _rows_per_block(graph: PiecewiseGraph, memory_bytes: int) -> int:
-    return max(1, memory_bytes // (8 * max(1, graph.peak_elements)))
-
-
-def compute_gates(graph: PiecewiseGraph, x: Tensor, memory_bytes: int = MEMORY_BYTES) -> Gates:
-    """One float64 forward of ``x`` (``(m, *input_shape)``, any float dtype, any device) a block of rows at a time
-    (within ``memory_bytes`` and :data:`FORWARD_BLOCK_BYTES`), on the graph's device: ``N(x)``, the slope bits and
-    the max-pool selections (§2c). A choice within :data:`~lightning_nsv.kernel.ties.TIE` of its other side is
-    decided by the sample's forward run alone (:func:`_decide_ties_alone`): the choices do not depend on how the
-    samples are split."""
-    if tuple(x.shape[1:]) != graph.input_shape:
-        raise ValueError(f"inputs of shape {tuple(x.shape[1:])} per sample, the graph was traced on "
-                         f"{graph.input_shape}")
-    step = _rows_per_block(graph, min(memory_bytes, FORWARD_BLOCK_BYTES))
-    outputs, records = [], []
-    for lo in range(0, len(x), step):
-        chunk = x[lo:lo + step].to(graph.device, torch.float64)
-        if not torch.isfinite(chunk).all():
-            raise NonFiniteError(f"inputs {lo}..{lo + len(chunk) - 1} hold NaN or inf")
-        recorder = _Recorder(watch_ties=True)
-        out = run(graph, chunk, "forward", recorder)
-        if recorder.ties is not None and bool(recorder.ties.any()):
-            _decide_ties_alone(graph, chunk, out, recorder)
-        outputs.append(out)
-        records.append(recorder.records)
-    output = torch.cat(outputs) if outputs else torch.empty(0, *graph.output_shape, dtype=torch.float64)
-    if not torch.isfinite(output).all():
-        raise NonFiniteError("the float64 forward of the network is not finite")
-    cat = lambda name: torch.cat([r[name] for r in records])  # noqa: E731
-    return Gates(output, {name: cat(name) for name, *_ in graph.gates},
-                 {name: cat(name) for name, *_ in graph.pools})
-
-
-def _decide_ties_alone(graph: PiecewiseGraph, chunk: Tensor, out: Tensor, recorder: _Recorder) -> None:
-    """The rule for near-ties (:data:`~lightning_nsv.kernel.ties.TIE`): a sample with a choice that close to its
-    other side takes every choice and its output from its own float64 forward, run alone on one thread; elsewhere
-    the block's rounding cannot change a choice, so every sample's choices are those of that forward, whatever the
-    block, tile or thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for i in torch.nonzero(recorder.ties)[:, 0].tolist():
-            alone = _Recorder()
-            out[i] = run(graph, chunk[i:i + 1], "forward", alone)[0]
-            for name, value in alone.records.items():
-                recorder.records[name][i] = value[0]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _slopes(bits: Tensor, beta, gamma: float) -> Tensor:
@@ -243,7 +153,7 @@ class PairNetworkColumns(KernelColumns):
         check_samples(graph, x, gates)  # before anything is formed: non-finite inputs named, not run
         self.graph, self.gates, self.collapse, self.factored = graph, gates, collapse, factored
         self.x = x.detach().to(graph.device, torch.float64)
-        self.pairs_per_block = _rows_per_block(graph, memory_bytes)
+        self.pairs_per_block = rows_per_block(graph, memory_bytes)
         self.cache = ColumnCache(len(self.x), cache_bytes, graph.device)
         self.pairs_evaluated = 0
         self._chain = None
@@ -435,46 +345,3 @@ class PairNetworkColumns(KernelColumns):
         step = len(self) if self.fused is not None else self.pairs_per_block
         parts = [self.pairs(rows, rows) for rows in torch.arange(len(self), device=self.device).split(max(1, step))]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
-
-
-@dataclass(frozen=True)
-class ScopeSummary:
-    """What the path kernel covers, for reports: parameter maps, gate layers, max pools, gates per sample (units of
-    gate layers and max-pool selections)."""
-
-    maps: int
-    gate_layers: int
-    max_pools: int
-    gates: int
-    scope: str = "whole network"
-
-    def __str__(self) -> str:
-        plural = lambda n, word: f"{n:,} {word}{'' if n == 1 else 's'}"  # noqa: E731
-        return (f"{self.scope}: {plural(self.maps, 'map')}, {plural(self.gate_layers, 'gate layer')}, "
-                f"{plural(self.max_pools, 'max-pool')}, {plural(self.gates, 'gate')}")
-
-
-def scope_summary(graph: PiecewiseGraph, scope: str = "whole network") -> ScopeSummary:
-    units = sum(math.prod(shape) for *_, shape in graph.gates) + sum(math.prod(shape) for *_, shape in graph.pools)
-    return ScopeSummary(len(graph.maps()), len(graph.gates), len(graph.pools), units, scope)
-
-
-def unique_patterns(*gate_sets: Gates) -> int:
-    """Distinct activation patterns across the given sets: every slope bit and every max-pool selection of a
-    sample (DESIGN.md §2). A network without gates has one (empty) pattern."""
-    rows = []
-    for gates in gate_sets:
-        parts = [b.reshape(len(gates), -1).to(torch.uint8) for b in gates.bits.values()]
-        parts += [s.reshape(len(gates), -1).contiguous().view(torch.uint8) for s in gates.selections.values()]
-        if not parts:
-            return 1 if sum(len(g) for g in gate_sets) else 0
-        rows.append(torch.cat([p.reshape(len(gates), -1).cpu() for p in parts], dim=1))
-    data = torch.cat(rows)
-    if data.shape[0] == 0:
-        return 0
-    bits_end = sum(b[0].numel() for b in gate_sets[0].bits.values())
-    bits, rest = data[:, :bits_end], data[:, bits_end:]
-    pad = (-bits.shape[1]) % 8
-    packed = torch.nn.functional.pad(bits, (0, pad)).reshape(len(data), -1, 8)
-    packed = (packed << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
-    return int(torch.unique(torch.cat([packed, rest], dim=1), dim=0).shape[0])

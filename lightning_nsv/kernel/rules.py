@@ -1,21 +1,13 @@
-"""The operation table of DESIGN.md §2c: one rule per piecewise-linear operation.
+"""The operation table of DESIGN.md §2c: one rule per piecewise-linear operation, in four modes (fx-mapped
+arguments; dim 0 holds samples, pairs of samples or the single all-ones input):
 
-Every rule evaluates its operation in three modes, on the values of its (fx-mapped) arguments:
-
-- ``forward``: the float64 network itself; gates record their slope bits, max pools their selections.
-- ``pair``: the *pair network* (run on ``x ⊙ x'``): every parameter edge 1, every fixed constant squared, a shift
-  (bias, added parameter or constant) adds 1, gates multiply by ``sigma(x) sigma(x')``, a max pool passes the unit
-  both samples select.
-- ``norm``: the *norm network* (run on ones): every weight squared, every fixed map with coefficient 1 on each of
-  its edges, gates 1, max pools pass every window unit, a shift ``b`` adds ``b²`` — its output is ``||wbar||²``.
-- ``program``: the pair network's own form in the compiled pair program (symbolic values; ``ctx`` is the
-  :class:`~lightning_nsv.kernel.pair_program.ProgramContext` that writes it); an operation without one raises
-  :class:`~lightning_nsv.kernel.pair_code.NotFusable`.
-  Fixed constants (1/k of an average, c of ``c·x``) are in ``phi`` (§2c table), so ``wbar`` has 1 on their edges;
-  DESIGN.md §2c's "every fixed constant squared" would belong with constants in ``wbar`` and a kernel without
-  them (the enumerated paths decide: ``||wbar||²`` of the enumeration matches this rule).
-
-The batch dimension (0) holds samples, pairs of samples or the single all-ones input.
+- ``forward``: the float64 network; gates, max pools and selections record their choices (a ``ForwardContext``).
+- ``pair``: the *pair network* on ``x ⊙ x'``: parameter edges 1, fixed constants squared, a shift adds 1, gates
+  multiply by ``sigma(x) sigma(x')``, a max pool or selection passes what both samples choose.
+- ``norm``: the *norm network* on ones: weights squared, fixed maps 1 on each edge (their constants are in ``phi``:
+  the enumerated paths' ``||wbar||²`` agrees), gates 1, every window unit, a shift ``b`` adds ``b²``.
+- ``program``: the pair network's form in the compiled program (``ctx``: a
+  :class:`~lightning_nsv.kernel.pair_program.ProgramContext`), or :class:`~lightning_nsv.kernel.pair_code.NotFusable`.
 """
 from __future__ import annotations
 
