@@ -57,6 +57,11 @@ def alone(graph, x) -> dict[str, torch.Tensor]:
     return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
 
 
+def assert_same_choices(gates, reference: dict[str, torch.Tensor]) -> None:
+    for name, chosen in (*gates.bits.items(), *gates.selections.items()):
+        assert torch.equal(chosen, reference[name]), name
+
+
 @pytest.fixture(scope="module")
 def traced():
     torch.manual_seed(0)
@@ -79,10 +84,7 @@ def test_choices_do_not_depend_on_the_block_or_the_threads(traced, rows, threads
         gates = compute_gates(graph, x, memory_bytes=8 * graph.peak_elements * rows)
     finally:
         torch.set_num_threads(before)
-    for name, bits in gates.bits.items():
-        assert torch.equal(bits, reference[name]), name
-    for name, chosen in gates.selections.items():
-        assert torch.equal(chosen, reference[name]), name
+    assert_same_choices(gates, reference)
 
 
 def test_the_crafted_inputs_hold_near_ties(traced):
@@ -114,10 +116,7 @@ def test_a_block_that_rounds_otherwise_does_not_change_a_choice(traced, monkeypa
 
     monkeypatch.setattr(R, "conv2d_by_shifts", rounding_otherwise)
     gates = compute_gates(graph, x, memory_bytes=8 * graph.peak_elements * rows)
-    for name, bits in gates.bits.items():
-        assert torch.equal(bits, reference[name]), name
-    for name, chosen in gates.selections.items():
-        assert torch.equal(chosen, reference[name]), name
+    assert_same_choices(gates, reference)
 
 
 def test_no_samples_give_empty_choices(traced):

@@ -110,6 +110,14 @@ def test_new_shapes_against_enumerated_paths(case):
     check_against_enumeration(make().eval(), inputs(shape, n=3))
 
 
+def exact_and_fused(module, x) -> None:
+    """Against enumerated paths, fused (numba) and equal to the plain pair network."""
+    check_against_enumeration(module, x)
+    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
+    assert fused.engine == "fused pair program (numba)"
+    assert relative(fused.columns_tensor(range(len(x))), plain.columns_tensor(range(len(x)))) < TOL
+
+
 def _kernel(module, x, **compile_options):
     graph = trace(module, x)
     gates = compute_gates(graph, x)
@@ -248,11 +256,7 @@ def test_fixed_maps_of_each_plane_against_enumerated_paths(case):
     with torch.no_grad():
         features = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), layer)(torch.zeros(1, 1, 6, 6)).numel()
     module = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), layer, nn.ReLU(), nn.Flatten(), nn.Linear(features, 1))
-    x = inputs((1, 6, 6), n=4)
-    check_against_enumeration(module, x)
-    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
-    assert fused.engine == "fused pair program (numba)"
-    assert relative(fused.columns_tensor(range(4)), plain.columns_tensor(range(4))) < TOL
+    exact_and_fused(module, inputs((1, 6, 6), n=4))
 
 
 def test_a_unet_like_network_is_fused_and_exact():
@@ -290,11 +294,7 @@ def test_prelu_slopes_against_enumerated_paths(make):
         for m in module.modules():
             if isinstance(m, nn.PReLU):
                 m.weight.uniform_(-1.0, 1.5)
-    x = inputs((1, 6, 6), n=5)
-    check_against_enumeration(module, x)
-    fused, plain = columns(module, x), columns(module, x, factored=False, collapse=False)
-    assert fused.engine == "fused pair program (numba)"
-    assert relative(fused.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
+    exact_and_fused(module, inputs((1, 6, 6), n=5))
 
 
 def test_a_prelu_of_one_slope_has_the_kernel_of_leaky_relu_with_that_slope():
