@@ -108,11 +108,3 @@ def fused_bytes_per_sample(graph) -> int:
         return factor_bytes(pair_program(graph))
     except NotFusable:
         return 0
-
-
-def operations_per_pair(graph) -> int | None:
-    try:
-        return pair_program(graph).operations
-    except NotFusable:
-        return None
-

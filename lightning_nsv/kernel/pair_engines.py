@@ -11,7 +11,6 @@ Both read the samples' factors (:class:`~lightning_nsv.kernel.pair_factors.Sampl
 """
 from __future__ import annotations
 
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -420,7 +419,3 @@ def _box_torch(v: Tensor, outer: int, n_in: int, inner: int, n_out: int, size: i
         part = padded[:, :, t * dilation:t * dilation + (n_out - 1) * stride + 1:stride]
         total = part.clone() if total is None else total.add_(part)
     return total.reshape(len(v), -1)
-
-
-def default_chunks(pairs: int, threads: int) -> int:
-    return max(1, min(pairs, 4 * threads, math.ceil(pairs / 64)))
