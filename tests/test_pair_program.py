@@ -118,6 +118,12 @@ def exact_and_fused(module, x) -> None:
     assert relative(fused.columns_tensor(range(len(x))), plain.columns_tensor(range(len(x)))) < TOL
 
 
+def engines_equal_the_plain_network(module, x, engines=("numba", "torch")) -> None:
+    plain = columns(module, x, factored=False, collapse=False).columns_tensor(range(len(x)))
+    for engine in engines:
+        assert relative(columns(module, x, engine=engine).columns_tensor(range(len(x))), plain) < TOL, engine
+
+
 def _kernel(module, x, **compile_options):
     graph = trace(module, x)
     gates = compute_gates(graph, x)
@@ -263,9 +269,7 @@ def test_a_unet_like_network_is_fused_and_exact():
     torch.manual_seed(0)
     module, x = UNetLike().eval(), inputs((1, 8, 8), n=4)
     check_against_enumeration(module, x)
-    for engine in ("numba", "torch"):
-        fused, plain = columns(module, x, engine=engine), columns(module, x, factored=False, collapse=False)
-        assert relative(fused.columns_tensor(range(4)), plain.columns_tensor(range(4))) < TOL
+    engines_equal_the_plain_network(module, x)
 
 
 class FunctionalPReLU(nn.Module):
@@ -333,11 +337,7 @@ def test_a_selection_between_two_branches_against_enumerated_paths(make):
     torch.manual_seed(0)
     module, x = make().eval(), inputs((1, 6, 6), n=5)
     check_against_enumeration(module, x)
-    for engine in ("numba", "torch"):
-        fused, plain = columns(module, x, engine=engine), columns(module, x, factored=False, collapse=False)
-        assert relative(fused.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
-    reference = columns(module, x, engine="reference")
-    assert relative(reference.columns_tensor(range(5)), plain.columns_tensor(range(5))) < TOL
+    engines_equal_the_plain_network(module, x, engines=("numba", "torch", "reference"))
     graph = trace(module, x)
     assert len(graph.gates) >= 1 and any(g.name.startswith(("maximum", "minimum", "max")) for g in graph.gates)
 

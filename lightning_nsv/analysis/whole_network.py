@@ -212,10 +212,11 @@ def whole_network_support_vectors(
     the per-sample factors of the compiled pair program (:mod:`lightning_nsv.kernel.fused`; 37 KiB a sample for
     SmallResNet(16) on 3×32×32); kernel columns by the pair network only for samples that enter the solver's free set
     (``8·m`` bytes each), one evaluation a pair (about 3 µs for SmallResNet(16) on 3×32×32 on two CPU threads), up to
-    ``m(m + 1)/2`` pairs (whole networks keep most samples in the free set), and the diagonal (``m`` evaluations).
-    The rate is measured first on a tile of pairs, and the estimate is said (``say``) when the analysis will take
-    more than about 10 s, and checked against ``time_budget``. Validation: the gates of ``x_val`` and the kernel between validation samples and the
-    ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
+    about ``m²/2`` pairs (whole networks keep most samples in the free set; the bound:
+    :func:`~lightning_nsv.analysis.whole_network_budget.kernel_pairs`), and the diagonal (``m`` evaluations). The rate
+    is measured first on a tile of pairs, and the estimate is said (``say``) when the analysis will take more than
+    about 10 s, and checked against ``time_budget``. Validation: the gates of ``x_val`` and the kernel between
+    validation samples and the ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
     validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` = :data:`VALIDATION_CHUNK`). What is allocated before the
     solve (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available before it is
     allocated, and the solver's kernel columns (``8·m`` bytes per sample asked for) against the same budget before

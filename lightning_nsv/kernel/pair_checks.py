@@ -76,8 +76,8 @@ def check_samples(graph, x, gates) -> None:
     finite = torch.isfinite(x.reshape(len(x), math.prod(x.shape[1:]))).all(1) if x.is_floating_point() else None
     if finite is not None and not bool(finite.all()):
         first = int((~finite).nonzero()[0, 0])
-        raise NonFiniteError(f"input sample {first} holds NaN or inf ({int((~finite).sum())} of the {len(x)} samples have non-finite entries): "
-                             "the path kernel of non-finite inputs is not defined; clean the data first (drop "
+        raise NonFiniteError(f"input sample {first} holds NaN or inf ({int((~finite).sum())} of the {len(x)} samples "
+                             "have non-finite entries): the path kernel of non-finite inputs is not defined; clean the data first (drop "
                              "those samples or torch.nan_to_num)")
 
 

@@ -35,10 +35,6 @@ __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "outp
 CACHE_BYTES = 1 << 30
 
 
-def _slopes(bits: Tensor, beta, gamma: float) -> Tensor:
-    return gate_slopes(bits, beta, gamma)
-
-
 class _PairContext:
     """Gate products ``sigma(x) sigma(x')`` and shared max-pool selections of the pairs in a block: every
     ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``.
@@ -64,7 +60,7 @@ class _PairContext:
         if name not in self._sides:
             beta, gamma = self.family[name]
             bits = self.gates.bits[name]
-            self._sides[name] = (_slopes(bits[self.a], beta, gamma), _slopes(bits[self.b], beta, gamma))
+            self._sides[name] = (gate_slopes(bits[self.a], beta, gamma), gate_slopes(bits[self.b], beta, gamma))
         return self._sides[name]
 
     def bit_sides(self, name: str) -> tuple[Bits, Bits] | None:
@@ -174,7 +170,7 @@ class PairNetworkColumns(KernelColumns):
             self.engine = "factored torch"
         if fast and graph.chain is not None:
             linears, layers = graph.chain
-            slopes = [_slopes(gates.bits[g.name], g.beta, g.gamma) for g in layers]
+            slopes = [gate_slopes(gates.bits[g.name], g.beta, g.gamma) for g in layers]
             flat = self.x.reshape(len(self.x), -1)
             self._chain = (flat, slopes, [g.beta for g in layers], [g.gamma for g in layers],
                            linears[0].bias is not None)

@@ -22,9 +22,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS, SPMV,
-                                            Emitter, NotFusable, PairProgram, Recipe, channels_and_positions, lay_out,
-                                            recipe_is_bits, recipe_scale)
+from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS,
+                                            SPMV, Emitter, NotFusable, PairProgram, Recipe, channels_and_positions,
+                                            lay_out, recipe_is_bits, recipe_scale)
 from lightning_nsv.kernel.pair_probes import PerChannel, entry_multiplier, plane_map
 from lightning_nsv.kernel.pair_values import (Added, Flat, Map, Mapped, Summed, Term, Terms, Value,
                                               positions_of as _positions)

@@ -168,8 +168,8 @@ class Classifier:
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             if m.padding_mode != "zeros":
                 raise refuse(where, f"padding_mode={m.padding_mode!r} pads with values of the input, a fixed linear "
-                                    "map the table does not cover yet (zero padding it does)", "use padding_mode='zeros'",
-                             TRUNK, linear=True)
+                                    "map the table does not cover yet (zero padding it does)",
+                             "use padding_mode='zeros'", TRUNK, linear=True)
             return R.Conv(where, m, *self.weights(m))
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             return self.batchnorm(where, m)
