@@ -3,7 +3,8 @@ import json
 import sys
 
 
-import lightning_nsv.callbacks.network_support_vectors as callback_module
+import lightning_nsv.scope.head as head_scope
+import lightning_nsv.scope.whole as whole_scope
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
@@ -23,8 +24,8 @@ def counted(serve):
 if __name__ == "__main__":
     out, kind = sys.argv[1], (sys.argv[2:] or ["mlp"])[0]  # "cnn": the whole network
     # rank 1: the column blocks it computed for rank 0 (the head's, or the whole network's pair-network columns)
-    callback_module.serve_kernel_columns = counted(callback_module.serve_kernel_columns)
-    callback_module.serve_whole_network_columns = counted(callback_module.serve_whole_network_columns)
+    head_scope.serve_kernel_columns = counted(head_scope.serve_kernel_columns)
+    whole_scope.serve_whole_network_columns = counted(whole_scope.serve_whole_network_columns)
     pl.seed_everything(0)
     callback = NetworkSupportVectors(save_dir=f"{out}/nsv")
     trainer = pl.Trainer(max_epochs=60, accelerator="cpu", devices=2, strategy="ddp", callbacks=[callback],

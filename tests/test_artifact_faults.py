@@ -611,7 +611,11 @@ def test_reproduce_refuses_a_module_that_computes_otherwise_with_the_same_weight
 def test_the_output_check_of_a_k_class_network_states_its_tolerance():
     from types import SimpleNamespace
 
-    from lightning_nsv.artifacts.rebuild import _check_outputs
+    from lightning_nsv.artifacts.rebuild import compare_outputs
+    from lightning_nsv.scope import HeadScope
+
+    def _check_outputs(saved, net, x, rtol):  # as reproduce() compares a head's outputs
+        compare_outputs(saved, x, lambda rows: HeadScope.saved_outputs(None, net, rows), rtol)
 
     torch.manual_seed(0)
     weights = [torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)]
@@ -645,7 +649,7 @@ def test_a_single_file_write_on_a_full_disk_names_the_file_and_leaves_no_tempora
 
 
 def test_reproduce_of_a_file_without_outputs_warns(analysed, monkeypatch):
-    import lightning_nsv.analysis.binary as binary  # where reproduce() finds it
+    import lightning_nsv.scope.head as binary  # where reproduce() finds it, through the head's scope
 
     monkeypatch.setattr(binary, "network_support_vectors", lambda *args, **kwargs: "refitted")
     with pytest.warns(UserWarning, match="holds no network outputs \\(saved before format 3\\): nothing shows"):

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_nsv.artifacts import load_support_vectors
 from lightning_nsv.callbacks import NetworkSupportVectors
-from lightning_nsv.callbacks.nsv_scope import NoAnalysableScopeError
+from lightning_nsv.scope import NoAnalysableScopeError
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.kernel import NotPiecewiseLinearError, compute_gates, trace, unique_patterns
@@ -128,7 +128,7 @@ def test_a_cnn_with_default_arguments_is_analysed_whole(whole_run):
     assert report.startswith("path kernel of the whole network: 4 maps, 3 gate layers, 1 max-pool, 592 gates")
     assert f"{analysis.n_hidden} bits per support vector" in report
     assert callback.metrics["scope_gates"] == 592 and callback.metrics["n_support"] == analysis.n_support
-    assert callback._scope_label == "whole network"  # the summary card's heading
+    assert callback._scope.label == "whole network"  # the summary card's heading
     assert _text(trainer.logger.log_dir).find("path kernel of the whole network: 4 maps") >= 0
     stem = tmp_path / "nsv" / f"support_vectors_epoch{callback.zero_error_epoch}"
     summary = json.loads(stem.with_suffix(".json").read_text())
@@ -195,7 +195,7 @@ def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, monkeypa
     said = [line for line in lines if "is not analysed because" in line]
     assert len(said) == 1 and f"the whole of CNN is not analysed because {why}" in said[0]
     assert "Analysing its head instead (head only: 2 Linear layers of CNN.net" in said[0]
-    assert callback._scope_text.startswith("head only: ") and not callback._whole
+    assert callback._scope.line.startswith("head only: ") and callback._scope.kind == "head"
 
 
 def test_auto_without_a_head_refuses_with_both_reasons(tmp_path):

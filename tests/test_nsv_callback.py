@@ -90,7 +90,7 @@ def test_metrics_match_a_direct_analysis(fitted):
     run, callback, model, data = fitted
     x, y = data.train_dataset.tensors
     x_val, y_val = data.val_dataset.tensors
-    part_net = callback._path.path_network()
+    part_net = callback._scope.freeze()
     direct = network_support_vectors(part_net, x.flatten(1), y, x_val.flatten(1), y_val)
     assert callback.metrics["n_support"] == direct.n_support
     assert callback.metrics["support_fraction"] == pytest.approx(direct.n_support / 300)
@@ -169,7 +169,7 @@ def test_a_fit_stopped_before_max_epochs_writes_no_final_verdict(tmp_path, caplo
 
 
 def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
-    import lightning_nsv.callbacks.nsv_checks as module
+    import lightning_nsv.scope.head as module
 
     evaluated = []
     original = module.forward_with_slopes
@@ -185,14 +185,14 @@ def test_check_is_cheap_far_from_zero_error(tmp_path, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:NetworkSupportVectors. zero training error was not reached:UserWarning")
 def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
-    import lightning_nsv.callbacks.nsv_checks as module
+    import lightning_nsv.scope.head as module
 
     data = DigitsDataModule(m=50, batch_size=50)
     # outputs off by about TF32's rounding (a 10-bit mantissa); `scope="auto"` would analyse the whole module instead
     tf32_like = UserClassifier(rounding=2e-3)
     with pytest.raises(ValueError, match=r"output of UserClassifier is not the output of its path part"):
         trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(tf32_like, datamodule=data)
-    monkeypatch.setattr(module, "_reduced_float32_matmuls", lambda device: True)  # as after
+    monkeypatch.setattr(module, "reduced_float32_matmuls", lambda device: True)  # as after
     trainer(tmp_path, NetworkSupportVectors(scope="head"), max_epochs=1, logger=False).fit(  # set_float32_matmul_precision("high")
         UserClassifier(rounding=2e-3), datamodule=data)
     for module_ in (UserClassifier(squash=True), UserClassifier(rounding=5e-2)):  # still too far off
@@ -203,19 +203,19 @@ def test_head_check_allows_for_tf32_products_on_cuda(tmp_path, monkeypatch):
 def test_tf32_is_read_through_the_new_precision_api():
     from types import SimpleNamespace
 
-    from lightning_nsv.callbacks.nsv_checks import _reduced_float32_matmuls
+    from lightning_nsv.scope.head import reduced_float32_matmuls
 
     cuda = torch.device("cuda:0")
-    assert not _reduced_float32_matmuls(torch.device("cpu"))
-    assert isinstance(_reduced_float32_matmuls(cuda), bool)  # this torch's own state, read without raising
+    assert not reduced_float32_matmuls(torch.device("cpu"))
+    assert isinstance(reduced_float32_matmuls(cuda), bool)  # this torch's own state, read without raising
     for matmul, overall, expected in (("none", "none", False), ("ieee", "tf32", False), ("tf32", "none", True),
                                       ("none", "tf32", True)):
         backends = SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(fp32_precision=matmul)),
                                    fp32_precision=overall)
-        assert _reduced_float32_matmuls(cuda, backends) == expected, (matmul, overall)
+        assert reduced_float32_matmuls(cuda, backends) == expected, (matmul, overall)
     for allow in (False, True):  # torch < 2.9: the legacy flag
         legacy = SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=allow)))
-        assert _reduced_float32_matmuls(cuda, legacy) == allow
+        assert reduced_float32_matmuls(cuda, legacy) == allow
 
 
 def test_rejects_unsupported_modules_with_their_name(tmp_path):
@@ -402,12 +402,13 @@ def test_two_dimensional_inputs_get_boundary_and_weight_figures(tmp_path):
 
 def test_callback_passes_over_the_data_leave_the_global_rng_alone():
     from lightning_nsv.extract import find_path_part
+    from lightning_nsv.scope import HeadScope
 
     model = LeakyReLUMLP(widths=[4])
     data = DigitsDataModule(m=100)
     data.setup("fit")
     callback = NetworkSupportVectors()
-    callback._path = find_path_part(model)
+    callback._scope = HeadScope(find_path_part(model))
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)

@@ -190,6 +190,8 @@ def whole_network_support_vectors(
     say: Callable[[str], None] | None = say_to_stderr,
     progress: bool = True,
     budget_advice: str = BUDGET_ADVICE,
+    traced: PiecewiseGraph | None = None,
+    gates: Gates | None = None,
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -250,6 +252,10 @@ def whole_network_support_vectors(
             not said).
         progress: a bar of the pair-network evaluations against the estimate, with an ETA, for analyses that long.
         budget_advice: what a refusal suggests besides a subsample (a caller with a head names it).
+        traced: the graph of ``module`` traced already with its current weights (the callback's zero-error pass),
+            used instead of a new trace.
+        gates: the gates of ``x_train`` computed already on that graph (:func:`~lightning_nsv.kernel.compute_gates`,
+            the same for any split of the samples), used instead of a new float64 forward.
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
@@ -265,7 +271,9 @@ def whole_network_support_vectors(
     check_budgets(block_bytes, memory_bytes)
     started = time.perf_counter()
     m = len(x_train)
-    graph = _trace(module, x_train)
+    graph = _trace(module, x_train) if traced is None else traced
+    if gates is not None and len(gates) != m:
+        raise ValueError(f"`gates` are of {len(gates)} samples, `x_train` holds {m}")
     num_outputs = graph.num_outputs
     if num_classes is not None and num_classes != (2 if num_outputs == 1 else num_outputs):
         kind = "1 output (binary: 2 classes)" if num_outputs == 1 else f"{num_outputs} outputs"
@@ -278,7 +286,7 @@ def whole_network_support_vectors(
     try:
         analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
                         memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
-                        delta=delta, scope_name=scope_name, cost=cost)
+                        delta=delta, scope_name=scope_name, cost=cost, gates=gates)
         columns = analysis.pop("columns")
         if x_val is not None:
             analysis.update(_held_out(graph, columns, analysis.pop("gates"), analysis["svm"], y, x_val, y_val, binary,
@@ -293,7 +301,7 @@ def whole_network_support_vectors(
 
 
 def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initial, solver, tol, delta,
-         scope_name, cost: AnalysisCost) -> dict:
+         scope_name, cost: AnalysisCost, gates: Gates | None = None) -> dict:
     """Memory check, gates, Assumption 1, the columns (shared by the ranks with ``sharing``) and the solve: the
     fields of the analysis, with the ``columns`` and ``gates`` for the held-out step."""
     m, num_outputs = len(x_train), graph.num_outputs
@@ -302,7 +310,8 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
     budget = memory_budget(parts, memory_bytes, graph.device)
     gram = None if binary else output_gram(graph).to(torch.float64).numpy()  # needs a last Linear: before the solve
 
-    gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
+    if gates is None:
+        gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     outputs = gates.output.reshape(m, num_outputs).cpu()
     margins = check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes,

@@ -22,15 +22,17 @@ Example::
 
 The modules: :mod:`~lightning_nsv.artifacts.format` (the payload, its checksum and checks),
 :mod:`~lightning_nsv.artifacts.store` (the atomic pair: save, load, recovery), :mod:`~lightning_nsv.artifacts.rebuild`
-(:func:`reproduce`), :mod:`~lightning_nsv.artifacts.whole` (whole-network results, ``scope == "whole"``: the
-payload keys of :func:`whole_network_payload`; no path network, the module's own outputs). No Lightning import.
+(:func:`reproduce`, through the result's :class:`~lightning_nsv.scope.Scope`), :mod:`~lightning_nsv.artifacts.whole`
+(whole-network results, ``scope == "whole"``: no path network, the module's own outputs). Each scope writes its part of
+a file (:meth:`~lightning_nsv.scope.Scope.payload`). No Lightning import.
 """
-from lightning_nsv.artifacts.format import (FORMAT_VERSION, OLDEST_READABLE, OUTPUT_SAMPLES, REQUIRED_KEYS, SCOPES,
+from lightning_nsv.artifacts.format import (FORMAT_VERSION, OLDEST_READABLE, REQUIRED_KEYS, SCOPES,
                                             ArtifactCorruptError, ArtifactMismatchError, SupportVectorArtifact,
-                                            class_path, content_sha256, network_outputs, plain)
+                                            class_path, content_sha256, plain)
 from lightning_nsv.artifacts.rebuild import rebuild_module, reproduce
 from lightning_nsv.artifacts.store import load_support_vectors, save_support_vectors
-from lightning_nsv.artifacts.whole import module_outputs, whole_network_payload
+from lightning_nsv.scope.outputs import OUTPUT_SAMPLES, module_outputs, network_outputs
+from lightning_nsv.scope.whole import whole_network_payload
 
 __all__ = ["ArtifactCorruptError", "ArtifactMismatchError", "SupportVectorArtifact", "content_sha256",
            "load_support_vectors", "module_outputs", "network_outputs", "reproduce", "save_support_vectors",

@@ -18,13 +18,12 @@ import torch
 from torch import Tensor
 
 from lightning_nsv import __version__
-from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.kernel.network import PathNetwork
+from lightning_nsv.scope.choice import RESULT_SCOPES
 
 FORMAT_VERSION = 4  # 4: a 'scope' ("head" or "whole"; older files are "head"); 3: the .pt carries the SHA-256 of
 OLDEST_READABLE = 2  # its content and the network's outputs; 2: neither
-SCOPES = ("head", "whole")  # a Linear/Leaky-ReLU head after a fixed embedding; the whole traced module (issue 32)
-OUTPUT_SAMPLES = 4096  # network outputs saved on at most this many training samples (evenly spaced)
+SCOPES = tuple(RESULT_SCOPES)  # a Linear/Leaky-ReLU head after a fixed embedding; the whole traced module
 
 
 class ArtifactMismatchError(ValueError):
@@ -112,27 +111,13 @@ def _payload_problems(payload: Any) -> list[str]:
 
 
 def _scope_problems(payload: Mapping[str, Any]) -> list[str]:
-    """A head result holds its path network; a whole-network result none, but its scope line and outputs."""
-    scope, network = payload.get("scope", "head"), payload["network"]
+    """The problems of the part of ``payload`` that its scope writes (:meth:`~lightning_nsv.scope.Scope.payload`)."""
+    scope = payload.get("scope", "head")
     if scope not in SCOPES:
         return [f"'scope' must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}"]
     if not isinstance(payload.get("scope_summary"), (str, type(None))):
         return [f"'scope_summary' must be text, got a {type(payload['scope_summary']).__name__}"]
-    if scope == "whole":
-        problems = [] if network is None else [
-            "a whole-network result holds no 'network' (its module_state holds every weight): set it to None"]
-        problems += [f"a whole-network result analyses the whole module on its inputs: '{k}' must be None"
-                     for k in ("path_module", "embedding") if payload[k] is not None]
-        if not isinstance(payload.get("scope_summary"), str):
-            problems.append("a whole-network result must hold 'scope_summary', the scope line of its analysis")
-        if payload.get("outputs") is None:
-            problems.append("a whole-network result must hold 'outputs' (artifacts.module_outputs), which "
-                            "reproduce() compares")
-        return problems
-    if not (isinstance(network, Mapping) and isinstance(network.get("weights"), (list, tuple)) and network["weights"]
-            and all(isinstance(w, Tensor) for w in network["weights"])):
-        return ["'network' must hold 'weights', a list of tensors"]
-    return []
+    return RESULT_SCOPES[scope].payload_problems(payload)
 
 
 def _portable(value: Any, where: str) -> Any:
@@ -190,20 +175,6 @@ def content_sha256(payload: Mapping[str, Any]) -> str:
 
     feed({k: v for k, v in payload.items() if k != "sha256"})
     return digest.hexdigest()
-
-
-def output_indices(m: int, max_samples: int = OUTPUT_SAMPLES) -> Tensor:
-    """At most ``max_samples`` evenly spaced indices into ``m`` training samples (the first and the last included)."""
-    return torch.linspace(0, m - 1, min(m, max_samples)).round().to(torch.int64).unique()
-
-
-def network_outputs(net: PathNetwork, x: Tensor, max_samples: int = OUTPUT_SAMPLES) -> dict[str, Tensor]:
-    """The network's outputs ``N(x_j)`` (float64) on at most ``max_samples`` evenly spaced training samples, with
-    their indices: saved with a result, so :func:`reproduce` notices a network that computes something else."""
-    indices = output_indices(len(x), max_samples)
-    with torch.no_grad():
-        values = forward_with_slopes(net.to(x.device), x[indices.to(x.device)])[0]
-    return {"indices": indices, "values": values.detach().to("cpu", torch.float64)}
 
 
 def _summary(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from lightning_nsv.artifacts.format import ArtifactMismatchError, SupportVectorArtifact, network_outputs
+from lightning_nsv.artifacts.format import ArtifactMismatchError, SupportVectorArtifact
 from lightning_nsv.artifacts.store import load_support_vectors
-from lightning_nsv.kernel.network import PathNetwork
 
 def _import(dotted: str) -> Any:
     module, _, name = dotted.rpartition(".")
@@ -33,59 +32,54 @@ def rebuild_module(artifact: SupportVectorArtifact) -> torch.nn.Module:
 
 def reproduce(artifact: SupportVectorArtifact | str | Path, module: torch.nn.Module | None = None,
               datamodule: Any = None, batch_size: int = 1024, output_rtol: float = 1e-6):
-    """Recompute the analysis of a result file from what it holds; returns a fresh ``SupportVectorAnalysis``.
+    """Recompute the analysis of a result file from what it holds; returns a fresh analysis.
 
     The module is rebuilt from its class and init arguments (or ``module``, whose weights are replaced by the
     saved ones), the training set from the data module's class and init arguments (or ``datamodule``), and the
-    max-margin classifier is fitted again with the saved solver settings (validation included, where the data
-    module has a validation set).
+    max-margin classifier is fitted again by the scope the file records (:func:`~lightning_nsv.scope.scope_of_result`:
+    the head it names, or the whole module) with the saved solver settings (validation included, where the data
+    module has a validation set): a ``SupportVectorAnalysis`` (or its multi-class kind) for a head, a
+    ``WholeNetworkAnalysis`` (or ``WholeNetworkMulticlassAnalysis``) for the whole network.
 
-    Before fitting, the rebuilt network's outputs on the saved samples are compared with the saved outputs: they
-    must agree to ``output_rtol · max(1, max |saved output|)`` (float64; the default 1e-6 allows the rounding of
-    a float32 trunk run with other batch sizes; a trunk run in TF32 on a GPU may need 1e-3).
-
-    A whole-network result (``artifact.scope == "whole"``) is recomputed by
-    :func:`~lightning_nsv.artifacts.whole.reproduce_whole`: the module's own outputs compared, then
-    :func:`~lightning_nsv.analysis.whole_network_support_vectors` on the raw inputs; it returns a
-    ``WholeNetworkAnalysis`` (or ``WholeNetworkMulticlassAnalysis``).
+    Before fitting, the rebuilt network's outputs on the saved samples (the head's; the whole module's own) are
+    compared with the saved outputs: they must agree to ``output_rtol · max(1, max |saved output|)`` (float64; the
+    default 1e-6 allows the rounding of a float32 trunk run with other batch sizes; a trunk run in TF32 on a GPU may
+    need 1e-3).
 
     Raises:
-        ArtifactMismatchError: when the rebuilt training set or network outputs differ from the saved ones.
+        ArtifactMismatchError: when the rebuilt training set, labels or network outputs differ from the saved ones,
+            or a whole module traces to another graph.
     """
-    from lightning_nsv.extract import find_path_part
-    from lightning_nsv.analysis.multiclass import multiclass_support_vectors
-    from lightning_nsv.analysis.binary import network_support_vectors
+    from lightning_nsv.scope import AnalysisOptions, module_device, scope_of_result
 
     if not isinstance(artifact, SupportVectorArtifact):
         artifact = load_support_vectors(artifact)
-    if artifact.scope == "whole":
-        from lightning_nsv.artifacts.whole import reproduce_whole
-
-        return reproduce_whole(artifact, module, datamodule, batch_size, output_rtol)
     module = _rebuilt(artifact, module)
     datamodule = _rebuild_datamodule(artifact, datamodule)
-    path = find_path_part(module, artifact.path_module, artifact.embedding)
+    device = module_device(module)
+    train = datamodule.train_dataset
+    scope = scope_of_result(module, artifact.scope, train[:8][0].to(device), path_module=artifact.path_module,
+                            embedding=artifact.embedding, summary=artifact.scope_summary)
 
     def embedded(dataset):
-        return collect(dataset, module, path.embed, batch_size)
+        return collect(dataset, module, lambda x: scope.embed(x.to(device)), batch_size)
 
-    x_train, y_train = embedded(datamodule.train_dataset)
-    net = path.path_network()
-    check_labels(artifact, y_train, net.num_outputs)
+    x_train, y_train = embedded(train)
+    frozen = scope.freeze()
+    check_labels(artifact, y_train, frozen.num_outputs)
     if artifact.outputs is not None:
-        _check_outputs(artifact, net, x_train, output_rtol)
+        compare_outputs(artifact, x_train, lambda x: scope.saved_outputs(frozen, x, batch_size), output_rtol)
     else:
         warnings.warn(f"{artifact.path} holds no network outputs (saved before format 3): nothing shows whether the "
                       "rebuilt network computes what the analysed one did", UserWarning, stacklevel=2)
     val = getattr(datamodule, "val_dataset", None)
     x_val, y_val = embedded(val) if val is not None and len(val) else (None, None)
-    solver = artifact.solver
-    if net.num_outputs > 1:
-        return multiclass_support_vectors(net, x_train, y_train, x_val, y_val, method=solver["multiclass"])
-    return network_support_vectors(
-        net, x_train, y_train, x_val, y_val, intercept=solver["intercept"], C=solver["C"],
-        kernel=solver["kernel"], max_dense_bytes=solver["max_dense_bytes"],
-    )
+    analysis = scope.analyse(frozen, x_train, y_train, x_val, y_val, AnalysisOptions.from_saved(artifact.solver),
+                             progress=True)
+    problem = scope.check_reproduced(analysis, artifact.scope_summary)
+    if problem is not None:
+        raise ArtifactMismatchError(f"{artifact.path}: {problem}")
+    return analysis
 
 
 def _rebuilt(artifact: SupportVectorArtifact, module: torch.nn.Module | None) -> torch.nn.Module:
@@ -154,10 +148,6 @@ def _rebuild_datamodule(artifact: SupportVectorArtifact, datamodule: Any) -> Any
             torch.as_tensor(indices), artifact.train_indices):
         raise ArtifactMismatchError("the rebuilt data module draws other training samples than the saved ones")
     return datamodule
-
-
-def _check_outputs(artifact: SupportVectorArtifact, net: PathNetwork, x_train: Tensor, rtol: float) -> None:
-    compare_outputs(artifact, x_train, lambda x: network_outputs(net, x, max_samples=len(x))["values"], rtol)
 
 
 def compare_outputs(artifact: SupportVectorArtifact, x_train: Tensor, outputs: Callable[[Tensor], Tensor],

@@ -17,21 +17,20 @@ from torch.utils.data import Dataset
 from lightning_nsv.callbacks.nsv_checks import (ZeroErrorChecks, _check_arguments, _check_head_fits_classes,
                                                 _first_non_finite_parameter)
 from lightning_nsv.callbacks.dashboard import log_scalars
-from lightning_nsv.callbacks.nsv_data import (_module_inputs, _say_no_training_batches, _train_dataset, _trains_on_part,
+from lightning_nsv.callbacks.nsv_data import (_say_no_training_batches, _train_dataset, _trains_on_part,
                                             _val_dataset)
 from lightning_nsv.callbacks.nsv_outputs import AnalysisOutputs, _register_hparams
-from lightning_nsv.callbacks.nsv_scope import ScopeChoice, WholeNetwork, _example_inputs
+from lightning_nsv.callbacks.nsv_scope import ScopeChoice, _example_inputs
 from lightning_nsv.callbacks.sinks import check_writable_folder
+from lightning_nsv.scope.outputs import module_inputs
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
-from lightning_nsv.analysis.warm_start import serve_kernel_columns
-from lightning_nsv.analysis.whole_network import serve_whole_network_columns
+from lightning_nsv.analysis.binary import SupportVectorAnalysis
 from lightning_nsv.analysis.whole_network_budget import DEFAULT_TIME_BUDGET
 from lightning_nsv.kernel.gram_cache import InputGramCache
 from lightning_nsv.kernel.sharded import ColumnSharing
+from lightning_nsv.scope import AnalysisOptions, Scope
 
 __all__ = ["NetworkSupportVectors"]
 
@@ -200,10 +199,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.history: list[dict[str, float]] = []
         self._hard: list[int] = []
         self._previous_support: list[int] = []
-        self._path: PathPart | WholeNetwork | None = None  # what is analysed (see nsv_scope)
-        self._head: PathPart | None = None
-        self._head_error: str | None = None
-        self._scope_text: str | None = None  # the report's first line, once the scope is decided
+        self._scope: Scope | None = None  # what is analysed, chosen once on the first training samples (nsv_scope)
         self._kept: list[tuple[Tensor, Tensor]] = []
         self._warned: set[str] = set()
         self._diverged = False
@@ -217,6 +213,13 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self._gram_cache = InputGramCache()
 
     @property
+    def options(self) -> AnalysisOptions:
+        """How the max-margin classifier is fitted, from the callback's arguments."""
+        return AnalysisOptions(intercept=self.intercept, C=self.C, delta=self.delta, kernel=self.kernel,
+                               max_dense_bytes=self.max_dense_bytes, multiclass=self.multiclass, solver=self.solver,
+                               time_budget=self.time_budget)
+
+    @property
     def state_key(self) -> str:
         return self._generate_state_key(intercept=self.intercept, path_module=self.path_module)
 
@@ -225,20 +228,20 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self._train_started, self._single_class = False, None
         if self.save_dir is not None:
             check_writable_folder(self.save_dir, f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}`")
-        self._find_head(pl_module)
+        self._check_head_named(pl_module)
         datamodule = trainer.datamodule
         self._settle_scope(trainer, pl_module, getattr(datamodule, "train_dataset", None) if datamodule else None)
 
     def _settle_scope(self, trainer: pl.Trainer, pl_module: pl.LightningModule, dataset: Dataset | None) -> None:
         """Decide the scope on the first training samples, once (at setup where the data module holds them, else at
         the start of training or of the analysis), and check the analysed part's outputs against the classes."""
-        if self._scope_text is not None or dataset is None or not len(dataset):
+        if self._scope is not None or dataset is None or not len(dataset):
             return
-        self._choose_scope(pl_module, _module_inputs(pl_module, _example_inputs(dataset)))
-        _check_head_fits_classes(self._path, trainer.datamodule)
-        if self._path.num_outputs > 1 and self.intercept:
+        self._choose_scope(pl_module, module_inputs(pl_module, _example_inputs(dataset)))
+        _check_head_fits_classes(self._scope, trainer.datamodule)
+        if self._scope.num_outputs > 1 and self.intercept:
             raise ValueError(
-                f"{self._path.name} has {self._path.num_outputs} outputs: the multi-class analysis is the max-margin "
+                f"{self._scope.name} has {self._scope.num_outputs} outputs: the multi-class analysis is the max-margin "
                 "problem through the origin; `intercept=True` is for binary heads only"
             )
 
@@ -270,8 +273,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
                 "data module with `m` set to the samples you train on to analyse just those."
             )
         self._settle_scope(trainer, pl_module, dataset)
-        if self._whole:
-            self._check_cost(trainer, pl_module, dataset)
+        self._check_cost(trainer, pl_module, dataset)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:
@@ -280,6 +282,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == 0 and batch_idx == 0:
+            self._settle_scope(trainer, pl_module, _train_dataset(trainer))  # fast_dev_run: not at on_train_start
             self._check_head_is_output(pl_module, batch)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -378,7 +381,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         non_finite, net = _first_non_finite_parameter(pl_module), None
         if non_finite is None:
             try:
-                net = self._path.path_network()  # the whole network: traced with the current weights
+                net = self._scope.freeze()  # the whole network: traced with the current weights
             except NonFiniteError as err:
                 non_finite = f"the float64 forward of the first training samples is not finite ({err})"
         if non_finite is not None:
@@ -397,8 +400,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             with ColumnSharing() if share else contextlib.nullcontext() as sharing:
                 metrics = self._analyse(trainer, pl_module, dataset, net, directory, sharing)
         elif share:  # the other ranks compute their shard of every kernel column block rank 0 asks for
-            x_train = self._embed_all(dataset, pl_module)[0]
-            serve_whole_network_columns(net.module, x_train) if self._whole else serve_kernel_columns(net, x_train)
+            self._scope.serve(net, self._embed_all(dataset, pl_module)[0])
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = self._current_epoch(trainer)
@@ -423,19 +425,18 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         head's on its binary columns path."""
         distributed = (trainer.world_size > 1 and torch.distributed.is_available()
                        and torch.distributed.is_initialized())
-        return distributed and (self._whole or (net.num_outputs == 1
-                                                and not uses_dense_kernel(self.kernel, self.intercept)))
+        return distributed and self._scope.shares_columns(self.options)
 
     def _analyse(self, trainer, pl_module, dataset, net, directory: Path,
                  sharing: ColumnSharing | None = None) -> dict[str, float]:
         """Rank 0's analysis: embed the data, fit the max-margin classifier, save, report and plot it."""
-        x_train, y_train = self._embedded_training_set(dataset, pl_module)
+        x_train, y_train, gates = self._embedded_training_set(dataset, pl_module)
         val = _val_dataset(trainer)
         x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
         if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1:]):
             x_val = y_val = None
         epoch = self._current_epoch(trainer)
-        analysis = self._fit_with_progress(trainer, net, x_train, y_train, x_val, y_val, sharing, epoch)
+        analysis = self._fit_with_progress(trainer, net, x_train, y_train, x_val, y_val, sharing, epoch, gates)
         sink = self._save_and_report(trainer, pl_module, directory, analysis, y_train, net, x_train, epoch)
         metrics = analysis.to_metrics()
         if not self.history:  # one HParams session per run: the first analysis registers the metrics

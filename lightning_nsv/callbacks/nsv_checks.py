@@ -14,18 +14,17 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchmetrics.aggregation import SumMetric
 
-from lightning_nsv.callbacks.nsv_data import _analysis_device, _gather, _module_inputs, _split_batch
-from lightning_nsv.callbacks.nsv_scope import SCOPES, network_outputs64
+from lightning_nsv.callbacks.nsv_data import _analysis_device, _gather, _split_batch
+from lightning_nsv.scope.outputs import module_inputs
 from lightning_nsv.compat import pl, rank_zero_warn
-from lightning_nsv.extract import PathPart
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.analysis.binary import signed_labels
 from lightning_nsv.analysis.whole_network_budget import check_time_budget
 from lightning_nsv.analysis.checks import conflicting_duplicates, one_class_message
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
-from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.solver.multiclass import class_labels, pair_margins
 from lightning_nsv.solver.options import SolverOptions, check_choice
+from lightning_nsv.scope import SCOPES, AnalysisOptions, Scope, ScopeRequest, check_request
 
 
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
@@ -67,13 +66,8 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
     check_choice("scope", scope, SCOPES, "'whole' analyses the whole module, 'head' its Linear/Leaky-ReLU head after "
                  "a fixed embedding (paper 000's CNN + FC), 'auto' the whole module unless `path_module`/`embedding` "
                  "name a head or it is not piecewise linear")
-    if scope == "whole" and (path_module is not None or embedding is not None):
-        raise ValueError("`path_module`/`embedding` name a head and its trunk, but scope='whole' analyses the whole "
-                         "module: pass scope='head' (or leave scope out) to analyse that head, or drop them")
-    if scope == "whole" and (intercept or multiclass == "ovr"):
-        option = "intercept=True` (the paper's SVC protocol)" if intercept else "multiclass='ovr'`"
-        raise ValueError(f"`{option} is an analysis of the head; the whole network is analysed through the origin "
-                         "(binary, or the exact K-class problem): pass scope='head' for it, or leave it out")
+    check_request(ScopeRequest(scope, path_module, embedding), AnalysisOptions(intercept=intercept,
+                                                                                multiclass=multiclass))
 
 
 def _check_integer(name: str, value: Any, low: int | None) -> None:
@@ -86,7 +80,7 @@ def _check_integer(name: str, value: Any, low: int | None) -> None:
         raise ValueError(f"`{name}` must be {kind}, got {value}")
 
 
-def _check_head_fits_classes(path: PathPart, datamodule) -> None:
+def _check_head_fits_classes(path: Scope, datamodule) -> None:
     """A data module that states ``num_classes`` must match the head: one output for 2 classes, else one per class
     (a 10-class checkpoint analysed with a binary data module would read 0/1 labels as two of ten classes)."""
     classes = getattr(datamodule, "num_classes", None)
@@ -96,45 +90,15 @@ def _check_head_fits_classes(path: PathPart, datamodule) -> None:
     if (outputs == 1 and classes != 2) or (outputs > 1 and outputs != classes):
         task = f" (task={datamodule.task!r})" if isinstance(getattr(datamodule, "task", None), str) else ""
         raise ValueError(
-            f"NetworkSupportVectors: {'the head ' * isinstance(path, PathPart)}{path.name} has {outputs} output{'s' * (outputs > 1)}, but the data "
+            f"NetworkSupportVectors: {path.subject} has {outputs} output{'s' * (outputs > 1)}, but the data "
             f"module {type(datamodule).__name__}{task} has {classes} classes: a binary head needs 2 classes, a K-class "
             "head K. `lightning-nsv analyze` rebuilds the model from the checkpoint's hyperparameters: give it the config the "
             "checkpoint was trained with."
         )
 
 
-#: Relative tolerance of the head check when float32 products on CUDA may run in TF32 (a 10-bit mantissa, machine
-#: epsilon 2**-10): far above their rounding, far below what a sigmoid or an extra layer changes.
-TF32_RTOL = 2e-2
-
-
-def _reduced_float32_matmuls(device: torch.device, backends: Any = torch.backends) -> bool:
-    """Whether float32 products on ``device`` may run in TF32. Read through the precision API of torch >= 2.9 where
-    there is one (reading the legacy flag after a setting through the new API raises), else the legacy flag."""
-    if device.type != "cuda":
-        return False
-    matmul = backends.cuda.matmul
-    try:
-        precision = getattr(matmul, "fp32_precision", None)
-        if precision is None:  # torch < 2.9
-            return bool(matmul.allow_tf32)
-        if precision == "none":  # inherits the global setting
-            precision = backends.fp32_precision
-    except RuntimeError:
-        return True  # a state torch will not report: allow for it
-    return precision not in ("ieee", "none")  # "none" at both levels: the default, IEEE float32
-
-
 #: Training samples nearest the decision boundary on which every analysis checks the module's output against its head.
 HEAD_CHECK_SAMPLES = 64
-
-
-def _values(row: Tensor) -> str:
-    return ", ".join(f"{v:.6g}" for v in row[:4].tolist()) + (", ..." if len(row) > 4 else "")
-
-
-def _head_forward(path: PathPart, x: Tensor) -> Tensor:
-    return forward_with_slopes(path.path_network(), path.embed(x).cpu())[0]
 
 
 _DIVERGED = ("the network has diverged (lower the learning rate, clip gradients or check the loss), or the data hold "
@@ -173,19 +137,19 @@ def _first_non_finite_row(values: Tensor) -> int | None:
 
 class ZeroErrorChecks:
     """The zero-error pass and the checks around it, a part of :class:`NetworkSupportVectors` (which holds the state
-    they read and write: ``_path``, ``batch_size``, ``probe_size``, ``seed``, ``_hard``, ``_kept``, ``_diverged``,
+    they read and write: ``_scope``, ``batch_size``, ``probe_size``, ``seed``, ``_hard``, ``_kept``, ``_diverged``,
     ``_mismatch``, ``_label_range``, ``_single_class``, ``_warned``, and ``_current_epoch``)."""
 
     def _labels(self, y: Tensor) -> Tensor:
         """Binary labels as ±1 (float64), class labels as int64 in ``[0, K)``; refuses anything else."""
-        if self._path.num_outputs == 1:
+        if self._scope.num_outputs == 1:
             return signed_labels(y)
-        return torch.from_numpy(class_labels(y, self._path.num_outputs))
+        return torch.from_numpy(class_labels(y, self._scope.num_outputs))
 
     def _margins(self, outputs: Tensor, y: Tensor) -> Tensor:
         """``y·N(x)`` (binary) or ``min_k N_y(x) − N_k(x)`` (multi-class); NaN where outputs are not finite."""
         labels = self._labels(y)
-        if self._path.num_outputs == 1:
+        if self._scope.num_outputs == 1:
             return labels * outputs
         margins = torch.from_numpy(pair_margins(outputs, labels.numpy())).min(1).values
         return torch.where(torch.isfinite(outputs).all(1), margins, torch.nan)
@@ -202,54 +166,9 @@ class ZeroErrorChecks:
                 f"NetworkSupportVectors: the first training batch holds NaN/inf inputs (row {row} of the "
                 "batch); clean the data (e.g. torch.nan_to_num or drop those samples) before training"
             )
-        mismatch = None if self._whole else self._module_mismatch(pl_module, x[:8], "the first training batch")
+        mismatch = self._scope.output_mismatch(pl_module, x[:8], "the first training batch", warn=self._warn_once)
         if mismatch is not None:
             raise ValueError(mismatch)
-
-    def _module_mismatch(self, pl_module: pl.LightningModule, x: Tensor, where: str,
-                         indices: list[int] | None = None, scale: float = 0.0) -> str | None:
-        """Why the module's output on ``x`` is not what the analysis evaluates (its head), or ``None`` when it is.
-        ``scale``: the size of the head's outputs over the training set (samples near the boundary have small outputs
-        but the rounding of the sums that make them)."""
-        module = type(pl_module).__name__
-        with eval_mode(pl_module), torch.no_grad():
-            x = _module_inputs(pl_module, x)
-            output = pl_module(x)
-            if not isinstance(output, Tensor):
-                return (f"{module}.forward returns a {type(output).__name__}, not one tensor of logits, so the "
-                        f"analysis cannot check that its path part {self._path.name} gives the module's output; "
-                        "return the logits alone from forward")
-            output = output.reshape(len(x), -1)
-            head = _head_forward(self._path, x).reshape(len(x), -1)
-        if output.shape[1] != head.shape[1]:
-            return (f"the output of {module} has {output.shape[1]} values per sample, but its path part "
-                    f"{self._path.name} has {head.shape[1]}; the module must return the head's output unchanged")
-        precision = output.dtype if output.is_floating_point() else torch.float32
-        if precision not in (torch.float32, torch.float64):
-            self._warn_once(
-                f"NetworkSupportVectors: {module} computes in {precision}; the analysis evaluates "
-                "its head in float64 from these rounded weights, so its own outputs may differ in sign on samples "
-                "within rounding of the decision boundary. Train with precision='32-true' for an exact match."
-            )
-        eps = torch.finfo(precision).eps
-        rtol = max(1e-4, 64 * eps)
-        if precision == torch.float32 and _reduced_float32_matmuls(output.device):
-            rtol = TF32_RTOL  # set_float32_matmul_precision("high"/"medium"): float32 products in TF32
-        output = output.cpu().double()
-        scale = max(scale, float(head.abs().max()) if len(head) else 1.0)
-        far = ~torch.isclose(output, head, rtol=rtol, atol=max(1e-5, rtol * scale)).all(1)
-        if not bool(far.any()):
-            return None
-        row = int(far.nonzero()[0, 0])
-        sample = f"training sample {indices[row]}" if indices is not None else f"row {row} of {where}"
-        return (
-            f"NetworkSupportVectors: the output of {module} is not the output of its path part {self._path.name} "
-            f"({_values(output[row])} against {_values(head[row])} on {sample}, checked on {where}), so an analysis of "
-            "that head would not describe the module (it could report zero training error the module does not have). "
-            "Choices: make `forward` return the path part's output unchanged (no sigmoid, no extra layers, no "
-            "parameter added or multiplied outside it); name the parts with `path_module=`/`embedding=`; or analyse "
-            "the whole network (`scope='whole'`), whose function is the module's own."
-        )
 
     def _trustworthy(self, trainer: pl.Trainer) -> bool:
         """After a zero-error pass on every rank: refuse a module whose output is not its head's (every analysis),
@@ -264,7 +183,7 @@ class ZeroErrorChecks:
             return True
         self._single_class = first
         self._warn_once(
-            f"NetworkSupportVectors: {one_class_message(first, self._path.num_outputs)}, so the support-vector "
+            f"NetworkSupportVectors: {one_class_message(first, self._scope.num_outputs)}, so the support-vector "
             "analysis does not run and no file is written. Check the data module's labels, split or filtering."
         )
         return False
@@ -299,11 +218,11 @@ class ZeroErrorChecks:
         self._label_range = (labels.min().item(), labels.max().item()) if len(labels) else (None, None)
         # the module against its head on the samples nearest the boundary, where a difference flips a sign
         nearest = [shard[i] for i in torch.argsort(margins)[:HEAD_CHECK_SAMPLES].tolist()]
-        if nearest and not self._whole:  # the whole network's function is the module's
-            self._mismatch = self._module_mismatch(pl_module, _gather(dataset, nearest)[0], "the "
-                                                   f"{len(nearest)} training samples nearest its decision boundary "
-                                                   f"at epoch {self._current_epoch(trainer)}", nearest,
-                                                   float(margins.abs().max()))
+        if nearest:  # the whole network's function is the module's: no mismatch there
+            self._mismatch = self._scope.output_mismatch(
+                pl_module, _gather(dataset, nearest)[0], f"the {len(nearest)} training samples nearest its decision "
+                f"boundary at epoch {self._current_epoch(trainer)}", nearest, float(margins.abs().max()),
+                warn=self._warn_once)
         return True
 
     def _errors(self, dataset: Dataset, indices: list[int], net, pl_module, stop_early: bool = True,
@@ -315,10 +234,11 @@ class ZeroErrorChecks:
         for start in range(0, len(indices), self.batch_size):
             chunk = indices[start:start + self.batch_size]
             x, y = _gather(dataset, chunk)
-            embedded = self._path.embed(_module_inputs(pl_module, x)).to(device)
+            embedded = self._scope.embed(module_inputs(pl_module, x)).to(device)
+            outputs, gates = self._scope.outputs(on_device, embedded, keep_gates=keep is not None)
+            outputs = outputs.cpu()
             if keep is not None:
-                keep.append((embedded, y))
-            outputs = network_outputs64(on_device, embedded).cpu()
+                keep.append((embedded, y, gates))
             try:
                 margin = self._margins(outputs, y)
             except ValueError as err:  # labels are checked in the first training batch only, by the callback
@@ -359,7 +279,7 @@ class ZeroErrorChecks:
     def _count_errors(self, trainer: pl.Trainer, dataset: Dataset, pl_module) -> int:
         """Misclassified training samples, each rank counting its shard, summed over the ranks."""
         with eval_mode(pl_module), torch.no_grad():
-            wrong = self._errors(dataset, self._shard(trainer, len(dataset)), self._path.path_network(), pl_module,
+            wrong = self._errors(dataset, self._shard(trainer, len(dataset)), self._scope.freeze(), pl_module,
                                  stop_early=False)
         return _sum_over_ranks(len(wrong))
 

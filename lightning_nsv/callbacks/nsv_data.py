@@ -43,13 +43,6 @@ def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
     return torch.stack([torch.as_tensor(x) for x in xs]), _label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
 
 
-def _module_inputs(pl_module: torch.nn.Module, x: Tensor) -> Tensor:
-    """``x`` as the module takes it: on its device and, when floating, in the floating dtype of its parameters (what
-    a precision plugin such as ``"64-true"`` or ``"bf16-true"`` feeds it in training; exact for a wider dtype)."""
-    dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), None)
-    return x.to(pl_module.device, dtype if dtype is not None and x.is_floating_point() else x.dtype)
-
-
 def _analysis_device(pl_module) -> torch.device:
     """Where the float64 analysis runs: the module's device for CUDA, else the CPU (MPS has no float64)."""
     return analysis_device(pl_module.device)

@@ -11,14 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.artifacts import class_path, network_outputs, plain, save_support_vectors, whole_network_payload
+from lightning_nsv.artifacts import class_path, plain, save_support_vectors
 from lightning_nsv.callbacks.dashboard import (HEADLINE, hparams_metrics, log_scalars, nsv_charts, register_hparams,
                                                write_layout)
 from lightning_nsv.callbacks.nsv_data import _gather
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import pl, rank_zero_info
-from lightning_nsv.analysis.binary import SupportVectorAnalysis, uses_dense_kernel
-from lightning_nsv.kernel.network import PathNetwork
+from lightning_nsv.analysis.binary import SupportVectorAnalysis
 from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.solver import solver_progress
 
@@ -64,18 +63,13 @@ def _register_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, metric
 
 class AnalysisOutputs:
     """What :class:`NetworkSupportVectors` prints, saves and logs at an analysis, a part of it (which holds the
-    settings read here and ``_path``, ``_labels``, ``_current_epoch``, ``_fit_max_margin`` and ``history``)."""
+    settings read here and ``_scope``, ``options``, ``_current_epoch`` and ``history``)."""
 
     def _fit_with_progress(self, trainer, net, x_train: Tensor, y_train: Tensor, x_val, y_val,
-                           sharing: ColumnSharing | None, epoch: int) -> SupportVectorAnalysis:
-        """The max-margin fit, said before and after, with a solver bar where the Trainer shows a progress bar."""
-        m = len(y_train)
-        if not isinstance(net, PathNetwork):
-            how = "path kernel columns of candidate support vectors (of the whole network, by the pair network)"
-        elif uses_dense_kernel(self.kernel, self.intercept):
-            how = "dense path kernel"
-        else:
-            how = "path kernel columns of candidate support vectors"
+                           sharing: ColumnSharing | None, epoch: int, gates=None) -> SupportVectorAnalysis:
+        """The max-margin fit, said before and after, with a solver bar where the Trainer shows a progress bar;
+        ``gates``: those of ``x_train`` that the zero-error pass kept (the whole network's)."""
+        m, how = len(y_train), self._scope.fitting_text(self.options)
         self._say(trainer, f"NetworkSupportVectors: zero training error at epoch {epoch} on all {m} "
                            f"training samples; computing the {how} for m = {m:,} and the max-margin classifier ...")
         started = time.perf_counter()
@@ -83,14 +77,16 @@ class AnalysisOutputs:
         progress = _SolverBar(enabled=bar is not None and getattr(bar, "is_enabled", False))
         try:
             with solver_progress(progress):
-                analysis = self._fit_max_margin(net, x_train, y_train, x_val, y_val, sharing,
-                                                say=lambda text: self._say(trainer, f"NetworkSupportVectors: {text}"),
-                                                progress=progress.enabled)
+                analysis = self._scope.analyse(
+                    net, x_train, y_train, x_val, y_val, self.options, sharing, initial=self._previous_support or None,
+                    cache=None if self.stop_on_zero_error else self._gram_cache,  # rows kept for the next analysis
+                    gates=gates, say=lambda text: self._say(trainer, f"NetworkSupportVectors: {text}"),
+                    progress=progress.enabled)
         finally:
             progress.close()
         self.analysis = analysis
         self._say(trainer, f"NetworkSupportVectors: analysis done in {_seconds(time.perf_counter() - started)}\n"
-                           + self._report_of(analysis))
+                           + self._scope.report(analysis))
         return analysis
 
     def _save_and_report(self, trainer, pl_module, directory: Path, analysis: SupportVectorAnalysis,
@@ -101,7 +97,7 @@ class AnalysisOutputs:
                            f"{self.result_path.with_suffix('.json').name} (lightning_nsv.artifacts.load_support_vectors)")
         write_layout(trainer)  # once per run
         sink = FigureSink(trainer.loggers, directory / "figures", type(self).__name__)
-        sink.text("nsv/report", _markdown_report(epoch, analysis, self._report_of(analysis)), trainer.global_step)
+        sink.text("nsv/report", _markdown_report(epoch, analysis, self._scope.report(analysis)), trainer.global_step)
         return sink
 
     def _log_figures(self, trainer, dataset, net, x_train: Tensor, y_train: Tensor, analysis: SupportVectorAnalysis,
@@ -110,7 +106,7 @@ class AnalysisOutputs:
         vectors, and for a binary head its decision boundaries and path weights."""
         from lightning_nsv.plotting import plot_summary_card
 
-        sink.figure("nsv/summary", plot_summary_card(metrics, epoch, scope=self._scope_label)[0], trainer.global_step)
+        sink.figure("nsv/summary", plot_summary_card(metrics, epoch, scope=self._scope.label)[0], trainer.global_step)
         if self.history:
             from lightning_nsv.plotting import plot_max_margin_approach
 
@@ -119,8 +115,8 @@ class AnalysisOutputs:
                 [max(h["epoch"], 1.0) for h in series], [h["cosine_wbar_v"] for h in series],
                 [h.get("margin_ratio", float("nan")) for h in series])[0], trainer.global_step)
         self._log_support_vectors(trainer, dataset, analysis, sink)
-        if net.num_outputs == 1 and isinstance(net, PathNetwork):  # the figures read the head's path network
-            self._log_path_figures(trainer, net, x_train, y_train, analysis, sink)
+        for tag, figure in self._scope.figures(net, x_train, y_train, analysis):
+            sink.figure(tag, figure, trainer.global_step)
 
     def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, float],
                  epoch: int) -> None:
@@ -136,7 +132,7 @@ class AnalysisOutputs:
 
     def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
         """The "support vectors" category of the custom-scalars layout."""
-        per_class = self._path is not None and self._path.num_outputs > 1
+        per_class = self._scope is not None and self._scope.num_outputs > 1
         return nsv_charts("nsv/", per_class=per_class, repeated=not self.stop_on_zero_error)
 
     def dashboard_headline(self) -> list[str]:
@@ -170,33 +166,9 @@ class AnalysisOutputs:
             "global_step": trainer.global_step,
             "metrics": analysis.to_metrics(),
         }
-        stem, report = f"support_vectors_epoch{self._current_epoch(trainer)}", self._report_of(analysis)
-        if not isinstance(net, PathNetwork):  # the whole module: its state and outputs, no path network
-            payload = {**common, **whole_network_payload(analysis, pl_module, x_train, y_train)}
-            return save_support_vectors(directory, stem, payload, report=report)
-        payload = {
-            **common,
-            "scope": "head",
-            "scope_summary": self._scope_text,
-            "support": torch.from_numpy(analysis.svm.support_),
-            "alpha": torch.from_numpy(analysis.svm.alpha_),
-            "intercept": getattr(analysis.svm, "intercept_", 0.0),
-            "labels": self._labels(y_train),
-            "num_outputs": net.num_outputs,
-            "network": {"weights": list(net.weights), "biases": None if net.biases is None else list(net.biases),
-                        "betas": list(net.betas), "gammas": list(net.gammas)},
-            "path_part": self._path.name,
-            "path_module": self.path_module,
-            "embedding": self.embedding,
-            "solver": {"intercept": self.intercept, "C": self.C, "method": analysis.svm.method,
-                       "backend": getattr(analysis, "solver_backend", "numpy"),  # multi-class: the CPU
-                       "multiclass": self.multiclass, "kernel": self.kernel, "max_dense_bytes": self.max_dense_bytes,
-                       "kernel_scale": getattr(analysis.svm, "kernel_scale", None),
-                       "C_effective": getattr(analysis.svm, "C_effective", None),
-                       "kkt_residual": analysis.svm.kkt_residual, "iterations": getattr(analysis.svm, "iterations", 0)},
-            "outputs": network_outputs(net, x_train),  # reproduce() compares them
-        }
-        return save_support_vectors(directory, stem, payload, report=report)
+        stem = f"support_vectors_epoch{self._current_epoch(trainer)}"
+        payload = {**common, **self._scope.payload(analysis, net, x_train, y_train, self.options)}
+        return save_support_vectors(directory, stem, payload, report=self._scope.report(analysis))
 
     def _log_support_vectors(self, trainer, dataset, analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
         from lightning_nsv.plotting import alpha_histogram, image_grid, short_number
@@ -240,17 +212,3 @@ class AnalysisOutputs:
             self._warned.add(message)
             self._say(trainer, message)
         return None
-
-    def _log_path_figures(self, trainer, net, x_train: Tensor, y_train: Tensor,
-                          analysis: SupportVectorAnalysis, sink: FigureSink) -> None:
-        """Decision boundaries of network and SVM for 2-D inputs; the signed weights of small networks."""
-        from lightning_nsv.plotting import data_extent, decision_grid, plot_decision_boundaries, plot_path_weights
-
-        if x_train.shape[1] == 2:
-            svm, sv = analysis.svm, analysis.svm.support_
-            grid = decision_grid(net, x_train[sv], y_train[sv], svm.alpha_[sv], svm.intercept_,
-                                 extent=data_extent(x_train), resolution=150)
-            sink.figure("nsv/decision_boundaries", plot_decision_boundaries(grid, x_train, y_train, sv)[0],
-                        trainer.global_step)
-        if sum(w.numel() for w in net.weights) <= 400:
-            sink.figure("nsv/path_weights", plot_path_weights(net, analysis.signs)[0], trainer.global_step)
