@@ -70,8 +70,9 @@ class Store(Protocol[C]):
     @abstractmethod
     def fetch(self, new: np.ndarray, members: list[int] | None = None) -> C:
         """The columns of candidates ``new`` (int64, distinct, outside F) for rows among the ``members`` (F's samples
-        in order) and ``new`` at least, every row when ``members`` is ``None``. Raises what the kernel's provider
-        raises (``ValueError`` on non-finite columns)."""
+        in order) and ``new`` at least, every row when ``members`` is ``None``; the batch's own ``new`` holds the same
+        samples, in the order the store chose. Raises what the kernel's provider raises (``ValueError`` on non-finite
+        columns)."""
 
     @abstractmethod
     def admit(self, columns: C) -> None:
