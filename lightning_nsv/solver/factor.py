@@ -28,10 +28,10 @@ class FreeSet(ABC):
     ``Q[:, F] α`` (a :class:`~lightning_nsv.solver.column_store.ColumnStore`, or a
     :class:`~lightning_nsv.solver.pair_store.PairStore` for the multi-class pairs). Vectors in and out are numpy."""
 
-    def __init__(self, store: Store, chol: np.ndarray | torch.Tensor) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.index: list[int] = []  # F's samples, in the order of the factor's rows
-        self._chol: np.ndarray | torch.Tensor | None = chol  # None only while numpy resizes its memory
+        self._chol: np.ndarray | torch.Tensor | None = self._empty_factor()  # None only while numpy resizes it
 
     def __len__(self) -> int:
         return len(self.index)
@@ -79,6 +79,10 @@ class FreeSet(ABC):
         self.store.keep(keep, len(self.index))
 
     @abstractmethod
+    def _empty_factor(self) -> np.ndarray | torch.Tensor:
+        """The ``0×0`` factor of an empty F."""
+
+    @abstractmethod
     def solve(self, rhs):
         """``Q_FF⁻¹ rhs`` for a vector or matrix ``rhs`` (numpy, or a tensor of the store's batches), as numpy; ``rhs``
         itself while F is empty."""
@@ -119,8 +123,11 @@ class NumpyFreeSet(FreeSet):
     first ``n²`` entries of memory that never shrinks: updates and downdates write over it."""
 
     def __init__(self, store: Store) -> None:
-        super().__init__(store, np.zeros((0, 0), order="F"))
+        super().__init__(store)
         self._memory: np.ndarray | None = None  # the factor's memory, grown on the first admission
+
+    def _empty_factor(self) -> np.ndarray:
+        return np.zeros((0, 0), order="F")
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         """``Q_FF⁻¹ rhs``."""
@@ -245,8 +252,11 @@ class TorchFreeSet(FreeSet):
     """:class:`FreeSet` with ``L`` a float64 tensor on the store's device (``torch.linalg`` for every step)."""
 
     def __init__(self, store: DeviceStore) -> None:
-        super().__init__(store, torch.zeros(0, 0, dtype=torch.float64, device=store.device))
         self.device = store.device
+        super().__init__(store)
+
+    def _empty_factor(self) -> torch.Tensor:
+        return torch.zeros(0, 0, dtype=torch.float64, device=self.device)
 
     def _on_device(self, values) -> torch.Tensor:
         values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, dtype=np.float64))

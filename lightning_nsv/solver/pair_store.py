@@ -126,9 +126,9 @@ class PairStore(Store[PairColumns]):
 
     def class_coefficients(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``β`` per stored sample slot, ``(s, K)``: ``β_jk = Σ_{p=(j,·)} α_p (d_p)_k``."""
-        index = np.asarray(index, dtype=np.int64)
+        pairs = np.asarray(index, dtype=np.int64)
         beta = np.zeros((self.count, self.directions.shape[1]))
-        np.add.at(beta, self.slot[self.pair_sample[index]], alpha[:, None] * self.directions[index])
+        np.add.at(beta, self.slot[self.pair_sample[pairs]], alpha[:, None] * self.directions[pairs])
         return beta
 
     def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
