@@ -16,8 +16,8 @@ from lightning_nsv.solver.column_store import (
     LazyColumns,
 )
 from lightning_nsv.solver.factor import FreeSet, NumpyFreeSet, TorchFreeSet
-from lightning_nsv.solver.pair_store import PairColumns, PairStore
-from lightning_nsv.solver.protocol import DenseColumns
+from lightning_nsv.solver.pair_store import PairColumns, PairStore, SampleRows
+from lightning_nsv.solver.protocol import DenseColumns, KernelColumns
 from lightning_nsv.solver.store_protocol import Candidates, DeviceStore, Store, StoredCandidates
 from tests.test_max_margin import enumerate_kkt, separable
 
@@ -99,6 +99,19 @@ def test_every_store_and_its_batches_keep_the_contract():
             members = [members[k] for k in kept]
         if on_device:
             assert store.device == torch.device("cpu")
+
+
+def test_the_sample_rows_of_the_pair_store_keep_the_kernel_columns_contract():
+    kernel = _q(np.random.default_rng(5))
+    rows = SampleRows(DenseColumns(kernel), M)
+    assert isinstance(rows, KernelColumns) and len(rows) == M
+    idx, signs = np.array([7, 3, 7]), np.where(np.arange(M) % 3, 1.0, -1.0)
+    diagonal, columns, signed = rows.diagonal(), rows.columns(idx), rows.signed_columns(idx, signs, 2.0)
+    assert diagonal.dtype == columns.dtype == signed.dtype == np.float64
+    assert diagonal.shape == (M,) and columns.shape == signed.shape == (M, 3) and signed.flags.f_contiguous
+    np.testing.assert_array_equal(columns, kernel[:, idx])
+    np.testing.assert_allclose(signed, kernel[:, idx] * np.outer(signs, signs[idx]) / 2.0, rtol=1e-15)
+    assert rows.signed_rows(idx, signs, 2.0).shape == (3, M) and rows.device == torch.device("cpu")
 
 
 def test_lazy_batches_refuse_rows_they_were_not_formed_for():
