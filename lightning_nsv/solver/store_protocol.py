@@ -4,10 +4,11 @@ Beneath :class:`~lightning_nsv.solver.protocol.KernelColumns` (who computes kern
 (:class:`~lightning_nsv.solver.factor.FreeSet`) sees ``Q = (y yᵀ ∘ K) / scale`` only through a :class:`Store`: it
 fetches the columns of a block of candidates as :class:`Candidates`, reads ``Q[rows, new]`` from them, admits them
 when the factor takes them, asks for ``Q[:, F] α`` and says which members stay. Samples are indices in ``[0, m)``
-(int64 arrays or lists of ints), vectors float64. Implementations declare the protocol by subclassing it (its methods
-are abstract) and are checked against it at run time (``isinstance``; ``tests/test_solver_protocols.py``):
-:class:`~lightning_nsv.solver.column_store.ColumnStore`, :class:`~lightning_nsv.solver.column_store.
-DeviceColumnStore` (a :class:`DeviceStore`) and :class:`~lightning_nsv.solver.pair_store.PairStore`.
+(int64 arrays or lists of ints), vectors float64. The solver's stores declare the protocol by subclassing it (its
+methods are abstract): :class:`~lightning_nsv.solver.column_store.ColumnStore`,
+:class:`~lightning_nsv.solver.column_store.DeviceColumnStore` (a :class:`DeviceStore`) and
+:class:`~lightning_nsv.solver.pair_store.PairStore`; the protocols are structural and checked at run time
+(``isinstance``), so a store written from these docstrings alone need not subclass them.
 """
 from __future__ import annotations
 
