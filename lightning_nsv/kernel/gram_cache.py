@@ -1,16 +1,28 @@
 """The input-Gram cache: rows of ``X Xᵀ`` kept between analyses of the same training inputs (a warm start)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.inputs import _input_gram_rows, _InputChunks, as_tensor_on, random_projection
 
-__all__ = ["InputGramCache", "gather_rows", "whole_block"]
+__all__ = ["InputGramCache", "RowSource", "gather_rows", "whole_block"]
 
 COMPACT_ROWS = 64  # rows moved at a time when the kept rows of the cache are compacted in place
 RECOMPUTE_HITS_BELOW = 8  # a request with fewer than 1/8 kept rows recomputes them (a row's product ~ 10 copies)
+
+
+class RowSource(NamedTuple):
+    """Where some of the rows asked of :meth:`InputGramCache.row_sources` are: ``block[rows]`` are the rows at
+    ``positions`` of the request (``positions`` ``None``: all of them; ``rows`` ``None``: the whole block, in order).
+    ``block`` is the cache's: read it, do not write it."""
+
+    positions: Tensor | None
+    block: Tensor
+    rows: Tensor | None
 
 
 class InputGramCache:
@@ -93,11 +105,10 @@ class InputGramCache:
         whole = whole_block(sources)
         return whole if whole is not None else gather_rows(sources, len(idx), slice(None))
 
-    def row_sources(self, chunks: _InputChunks, idx: Tensor) -> list[tuple[Tensor | None, Tensor, Tensor | None]]:
-        """Where the rows ``(X Xᵀ)[idx, :]`` are, after the missing ones are computed and kept: ``(positions,
-        block, rows)`` for each block that holds some, ``block[rows]`` being the rows at ``positions`` of ``idx``
-        (``positions`` ``None``: all of them; ``rows`` ``None``: the whole block, in order). Read the blocks, do not
-        write them; :func:`gather_rows` copies a range of columns."""
+    def row_sources(self, chunks: _InputChunks, idx: Tensor) -> list[RowSource]:
+        """Where the rows ``(X Xᵀ)[idx, :]`` are, after the missing ones are computed and kept: a :class:`RowSource`
+        for each block that holds some. Read the blocks, do not write them; :func:`gather_rows` copies a range of
+        columns."""
         x = chunks.x
         if self._fingerprint is not None and self._fingerprint[0][2] != chunks.dtype:
             raise ValueError(f"the cache holds rows in {self._fingerprint[0][2]}, asked for {chunks.dtype}: attach it "
@@ -119,7 +130,7 @@ class InputGramCache:
             self._slot[missing] = torch.arange(self._next_slot, self._next_slot + len(missing), device=x.device)
             self._next_slot += len(missing)
         slots = self._slot[idx]
-        return [(None, self._blocks[-1], None)] if self._is_last_block(slots) else self._sources(slots)
+        return [RowSource(None, self._blocks[-1], None)] if self._is_last_block(slots) else self._sources(slots)
 
     def _is_last_block(self, slots: Tensor) -> bool:
         """Whether ``slots`` are exactly those of the last block, in order."""
@@ -187,30 +198,30 @@ class InputGramCache:
                     first[a:z] = first.index_select(0, rows[a:z])
         return kept
 
-    def _sources(self, slots: Tensor) -> list[tuple[Tensor | None, Tensor, Tensor]]:
-        """``(positions, block, rows)`` of the blocks that hold ``slots`` (see :meth:`row_sources`)."""
+    def _sources(self, slots: Tensor) -> list[RowSource]:
+        """The :class:`RowSource` of each block that holds some of ``slots``."""
         sources = []
         for start, block in zip(self._starts, self._blocks):
             positions = torch.nonzero((slots >= start) & (slots < start + len(block)))[:, 0]
             if len(positions) == len(slots):
-                return [(None, block, slots - start)]
+                return [RowSource(None, block, slots - start)]
             if len(positions):
-                sources.append((positions, block, slots[positions] - start))
+                sources.append(RowSource(positions, block, slots[positions] - start))
         return sources
 
 
-def whole_block(sources: list[tuple[Tensor | None, Tensor, Tensor | None]]) -> Tensor | None:
+def whole_block(sources: list[RowSource]) -> Tensor | None:
     """The cache's block when :meth:`InputGramCache.row_sources` found the rows to be exactly one whole block, in
     order (read it in place), else ``None``."""
-    return sources[0][1] if len(sources) == 1 and sources[0][2] is None else None
+    return sources[0].block if len(sources) == 1 and sources[0].rows is None else None
 
 
-def gather_rows(sources: list[tuple[Tensor | None, Tensor, Tensor]], count: int, cols: slice,
+def gather_rows(sources: list[RowSource], count: int, cols: slice,
                 out: Tensor | None = None) -> Tensor:
     """Columns ``cols`` of the ``count`` rows that :meth:`InputGramCache.row_sources` located (not a
     :func:`whole_block`: read that in place), copied into ``out`` (a new ``(count, width)`` tensor when ``None``;
     contiguous)."""
-    first = sources[0][1]
+    first = sources[0].block
     width = len(range(first.shape[1])[cols])
     out = first.new_empty(count, width) if out is None else out
     for positions, block, rows in sources:

@@ -7,10 +7,11 @@ Problems*, 1974, ch. 23; the dual is a non-negative least-squares problem in the
 samples with ``α > 0``; each iteration admits the most violated samples (``1 − y_i f(x_i) > tol``) as a block, moves
 ``α_F`` towards ``Q_FF⁻¹ 1`` and drops members whose coefficient reaches zero on the way. ``Q_FF`` is held as a
 Cholesky factor updated by block steps and downdated by QR (:mod:`lightning_nsv.solver.factor`); the loop sees ``Q``
-only through its free set's store (:mod:`lightning_nsv.solver.column_store`, :mod:`lightning_nsv.solver.pair_store`).
-A candidate in the span of F takes a degenerate step along the null direction; if none exists the data are not
-separable through the origin (:class:`~lightning_nsv.solver.result.NotSeparableError`). At the end ``α_F`` is refined
-against the exact columns (iterative refinement) and the KKT residual reported.
+only through its free set's :class:`~lightning_nsv.solver.store_protocol.Store`
+(:mod:`lightning_nsv.solver.column_store`, :mod:`lightning_nsv.solver.pair_store`). A candidate in the span of F takes
+a degenerate step along the null direction; if none exists the data are not separable through the origin
+(:class:`~lightning_nsv.solver.result.NotSeparableError`). At the end ``α_F`` is refined against the exact columns
+(iterative refinement) and the KKT residual reported.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 
 from lightning_nsv.solver.factor import FreeSet, NumpyFreeSet
 from lightning_nsv.solver.result import MaxMarginResult, NotSeparableError, make_result
+from lightning_nsv.solver.store_protocol import Candidates, Store
 
 __all__ = ["active_set", "initial_indices", "sample_indices", "solver_progress"]
 
@@ -35,7 +37,8 @@ MAX_REFINEMENTS = 3  # steps of iterative refinement at the end
 INVERSE_BLOCK = 32  # columns of Q_FF⁻¹ solved for at a time in a descent
 
 
-def active_set(store, y, scale, tol, max_iter, initial, free_set=NumpyFreeSet, initial_block=None) -> MaxMarginResult:
+def active_set(store: Store, y: np.ndarray, scale: float, tol: float, max_iter: int | None, initial: np.ndarray | None,
+               free_set: type[FreeSet] = NumpyFreeSet, initial_block: int | None = None) -> MaxMarginResult:
     """Solve the dual for ``Q`` given by ``store`` (labels ``y`` in ±1, ``Q`` divided by ``scale``), with ``free_set``
     (:class:`~lightning_nsv.solver.factor.NumpyFreeSet` or ``TorchFreeSet``) holding F; see the module docstring."""
     m = y.shape[0]
@@ -212,7 +215,7 @@ def _refine(free: FreeSet, alpha: np.ndarray, gradient: np.ndarray) -> np.ndarra
     return refined if np.all(refined > 0) else np.where(refined > 0, refined, alpha)
 
 
-def _add(free: FreeSet, candidates: np.ndarray):
+def _add(free: FreeSet, candidates: np.ndarray) -> Candidates | None:
     """Add the candidates as a block, else one by one; None when one was added, else the first one's columns (it is
     dependent on F: the caller's singular step takes them)."""
     columns = free.fetch(candidates)
@@ -244,7 +247,7 @@ def sample_indices(initial) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _singular_step(free: FreeSet, columns, alpha: np.ndarray) -> np.ndarray:
+def _singular_step(free: FreeSet, columns: Candidates, alpha: np.ndarray) -> np.ndarray:
     """``y_j phi_j`` (``columns``: those of the one candidate j, from :func:`_add`) lies in the span of the free set:
     move along the null direction of ``Q`` until a free coefficient reaches zero, drop it, then admit ``j``."""
     j = int(columns.new[0])

@@ -3,8 +3,9 @@
 Kept in the blocks they were computed in, served lazily from ``Q[F ∪ new, new]`` where the provider offers that
 block, compacted when removed members' (dead) columns pile up: :class:`ColumnStore` on the CPU (numpy),
 :class:`DeviceColumnStore` with its blocks as tensors on a device. :func:`store_for` builds one from a
-:class:`~lightning_nsv.solver.protocol.KernelColumns`. Every store answers ``fetch(new, members)``, ``admit``,
-``q_times(index, alpha)`` and ``keep(kept, members)``, what :class:`~lightning_nsv.solver.factor.FreeSet` asks.
+:class:`~lightning_nsv.solver.protocol.KernelColumns`. Both are a :class:`~lightning_nsv.solver.store_protocol.Store`
+of :class:`~lightning_nsv.solver.store_protocol.StoredCandidates` (:class:`FullColumns`, :class:`LazyColumns`), what
+:class:`~lightning_nsv.solver.factor.FreeSet` asks.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from lightning_nsv.memory import base_page_empty
 from lightning_nsv.solver.protocol import KernelColumns
+from lightning_nsv.solver.store_protocol import DeviceStore, Store, StoredCandidates
 
 __all__ = ["ColumnStore", "DeviceColumnStore", "DeviceFullColumns", "FullColumns", "LazyColumns", "admits_lazily",
            "store_for", "device_q_columns"]
@@ -28,7 +30,8 @@ NARROW_BLOCK, NARROW_BLOCKS = 16, 32  # this many stored blocks narrower than NA
 PENDING = -1  # the block of a member admitted lazily, before its column is formed
 
 
-def store_for(provider: KernelColumns, y: np.ndarray, scale: float, device: torch.device | None = None):
+def store_for(provider: KernelColumns, y: np.ndarray, scale: float,
+              device: torch.device | None = None) -> Store[StoredCandidates]:
     """The store of ``Q = (y yᵀ ∘ K) / scale`` for ``provider``'s ``K``: numpy on the CPU (``device`` None), lazy
     candidates where the provider offers float64 blocks ``Q[idx, idx]``; else tensors on ``device``."""
     if device is not None:
@@ -51,7 +54,7 @@ def device_q_columns(provider: KernelColumns, y: np.ndarray, scale: float, devic
     return lambda idx: provider.signed_rows(idx, y, scale).to(device, torch.float64).T
 
 
-class FullColumns:
+class FullColumns(StoredCandidates):
     """Full columns ``Q[:, new]`` of a block of candidates, ``(n, b)``, Fortran order."""
 
     def __init__(self, new: np.ndarray, cols: np.ndarray) -> None:
@@ -64,12 +67,12 @@ class FullColumns:
     def single(self, k: int) -> "FullColumns":
         return FullColumns(self.new[k:k + 1], self.cols[:, k:k + 1].copy(order="F"))
 
-    def store_into(self, store: "ColumnStore") -> None:
+    def store_into(self, store: ColumnStore) -> None:
         """Keep the columns in ``store`` as one block (:meth:`ColumnStore.admit`)."""
         store.admit_full(self.new, self.cols)
 
 
-class LazyColumns:
+class LazyColumns(StoredCandidates):
     """``Q[rows, new]`` of a block of candidates for ``rows`` the members of F when they were fetched and ``new``
     itself: all that admitting them and the descent after it read. Their full columns are formed only for those
     still in F when ``Q[:, F] α`` is next needed (:meth:`ColumnStore.q_times`): a candidate that the descent drops
@@ -90,12 +93,12 @@ class LazyColumns:
         return LazyColumns(self.new[k:k + 1], self.sub[:, k:k + 1], self._position,
                            {j: self.full[j]} if j in self.full else {})
 
-    def store_into(self, store: "ColumnStore") -> None:
+    def store_into(self, store: ColumnStore) -> None:
         """Keep in ``store`` the columns at hand, and the others as pending (:meth:`ColumnStore.admit`)."""
         store.admit_lazy(self)
 
 
-class ColumnStore:
+class ColumnStore(Store[StoredCandidates]):
     """The columns ``Q[:, F]`` of the free set for a ``Q`` given by columns: kept in the blocks they were computed
     in (no copies as F grows); a removed member's column stays in its block with weight zero until the dead columns
     outnumber 1/32 of the members (64 at least) and take over 64 MiB, then the blocks with the largest share of dead
@@ -114,7 +117,7 @@ class ColumnStore:
         self.reused = 0  # columns served from dead ones instead of asked of q_columns
         self.skipped = 0  # candidates admitted lazily that left F before their column was formed
 
-    def fetch(self, new: np.ndarray, members: list[int] | None = None):
+    def fetch(self, new: np.ndarray, members: list[int] | None = None) -> FullColumns | LazyColumns:
         """The columns of candidates ``new``: full (:class:`FullColumns`), or with ``q_block`` and the members of F
         (``members``) given, :class:`LazyColumns`."""
         if self.q_block is None or members is None:
@@ -192,7 +195,7 @@ class ColumnStore:
         return {int(j): (b, c) for b, samples in enumerate(self._samples) for c, j in enumerate(samples.tolist())
                 if (b, c) not in live}
 
-    def admit(self, columns) -> None:
+    def admit(self, columns: StoredCandidates) -> None:
         """The candidates of ``columns`` (from :meth:`fetch`) joined F, after its members."""
         columns.store_into(self)
 
@@ -356,7 +359,7 @@ class DeviceFullColumns(FullColumns):
         return DeviceFullColumns(self.new[k:k + 1], self.cols[:, k:k + 1].clone())
 
 
-class DeviceColumnStore(ColumnStore):
+class DeviceColumnStore(ColumnStore, DeviceStore[StoredCandidates]):
     """:class:`ColumnStore` with its blocks as tensors on ``device`` (``q_columns`` gives ``(n, b)`` tensors there);
     ``Q[:, F] α`` comes back as a numpy vector."""
 

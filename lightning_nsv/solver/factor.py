@@ -7,27 +7,31 @@ trailing rows); :class:`NumpyFreeSet` keeps the factor as a Fortran-ordered nump
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 import torch
 
 from lightning_nsv.memory import base_page_empty
+from lightning_nsv.solver.store_protocol import Candidates, DeviceStore, Store
 
 __all__ = ["FreeSet", "NumpyFreeSet", "TorchFreeSet"]
 
 REMOVE_COLUMNS = GROW_COLUMNS = 256  # columns of the factor moved at a time in a downdate or an update
 
 
-class FreeSet:
-    """Free set F of the active-set method: the Cholesky factor ``L`` of ``Q_FF`` (a backend's) and a store that
-    gives ``Q[rows, new]`` for candidates and ``Q[:, F] α`` (a
-    :class:`~lightning_nsv.solver.column_store.ColumnStore`, or a
+class FreeSet(ABC):
+    """Free set F of the active-set method: the Cholesky factor ``L`` of ``Q_FF`` (a backend's: the abstract methods)
+    and a :class:`~lightning_nsv.solver.store_protocol.Store` that gives ``Q[rows, new]`` for candidates and
+    ``Q[:, F] α`` (a :class:`~lightning_nsv.solver.column_store.ColumnStore`, or a
     :class:`~lightning_nsv.solver.pair_store.PairStore` for the multi-class pairs). Vectors in and out are numpy."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.index: list[int] = []
+        self.index: list[int] = []  # F's samples, in the order of the factor's rows
+        self._chol: np.ndarray | torch.Tensor | None = self._empty_factor()  # None only while numpy resizes it
 
     def __len__(self) -> int:
         return len(self.index)
@@ -37,7 +41,7 @@ class FreeSet:
         """Lower Cholesky factor of ``Q_FF``, exactly ``n×n``."""
         return self._chol
 
-    def fetch(self, new: np.ndarray):
+    def fetch(self, new: np.ndarray) -> Candidates:
         """The columns of candidates ``new`` for :meth:`try_add` (``Q[F ∪ new, new]`` at least)."""
         return self.store.fetch(new, self.index)
 
@@ -48,7 +52,7 @@ class FreeSet:
     def solve_ones(self) -> np.ndarray:
         return self.solve(np.ones(len(self)))
 
-    def try_add(self, columns) -> bool:
+    def try_add(self, columns: Candidates) -> bool:
         """Append the candidates of ``columns`` (from :meth:`fetch`) unless that makes ``Q_FF`` (numerically)
         singular: ``L_21 = (L⁻¹ Q_FB)ᵀ``, ``L_22`` the Cholesky factor of the Schur complement
         ``Q_BB − L_21 L_21ᵀ``, refused when it fails or a pivot falls below ``1e-10`` of the block's diagonal."""
@@ -74,15 +78,56 @@ class FreeSet:
         self.index = [self.index[k] for k in keep]
         self.store.keep(keep, len(self.index))
 
+    @abstractmethod
+    def _empty_factor(self) -> np.ndarray | torch.Tensor:
+        """The ``0×0`` factor of an empty F."""
+
+    @abstractmethod
+    def solve(self, rhs):
+        """``Q_FF⁻¹ rhs`` for a vector or matrix ``rhs`` (numpy, or a tensor of the store's batches), as numpy; ``rhs``
+        itself while F is empty."""
+
+    @abstractmethod
+    def lower_solve(self, rhs) -> np.ndarray:
+        """``L⁻¹ rhs``, as numpy."""
+
+    @abstractmethod
+    def lower_t_solve(self, rhs) -> np.ndarray:
+        """``L⁻ᵀ rhs``, as numpy."""
+
+    @abstractmethod
+    def _lower_solve_block(self, q_fb):
+        """``L⁻¹ Q_FB`` in the backend's type, for ``Q_FB`` from a batch's :meth:`~Candidates.take`."""
+
+    @staticmethod
+    @abstractmethod
+    def _cholesky(schur):
+        """The lower Cholesky factor of ``schur``, ``None`` when it is not positive definite."""
+
+    @staticmethod
+    @abstractmethod
+    def _degenerate(l22, q_bb) -> bool:
+        """Whether the new pivots ``diag(l22)²`` fall below ``1e-10`` of the largest diagonal of ``q_bb``."""
+
+    @abstractmethod
+    def _append(self, w, l22) -> None:
+        """``L`` grown by the rows ``[wᵀ | l22]``."""
+
+    @abstractmethod
+    def _downdated(self, positions: np.ndarray, keep: np.ndarray):
+        """The factor of ``Q_FF`` without the members at ``positions`` (``keep`` the others, ascending)."""
+
 
 class NumpyFreeSet(FreeSet):
     """:class:`FreeSet` with ``L`` a Fortran-ordered numpy array (LAPACK reads it in place) that is a view of the
     first ``n²`` entries of memory that never shrinks: updates and downdates write over it."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Store) -> None:
         super().__init__(store)
-        self._chol = np.zeros((0, 0), order="F")
-        self._memory: np.ndarray | None = None
+        self._memory: np.ndarray | None = None  # the factor's memory, grown on the first admission
+
+    def _empty_factor(self) -> np.ndarray:
+        return np.zeros((0, 0), order="F")
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         """``Q_FF⁻¹ rhs``."""
@@ -206,10 +251,12 @@ def _submatrix(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
 class TorchFreeSet(FreeSet):
     """:class:`FreeSet` with ``L`` a float64 tensor on the store's device (``torch.linalg`` for every step)."""
 
-    def __init__(self, store) -> None:
-        super().__init__(store)
+    def __init__(self, store: DeviceStore) -> None:
         self.device = store.device
-        self._chol = torch.zeros(0, 0, dtype=torch.float64, device=self.device)
+        super().__init__(store)
+
+    def _empty_factor(self) -> torch.Tensor:
+        return torch.zeros(0, 0, dtype=torch.float64, device=self.device)
 
     def _on_device(self, values) -> torch.Tensor:
         values = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values, dtype=np.float64))

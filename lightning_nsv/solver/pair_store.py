@@ -12,6 +12,7 @@ import torch
 
 from lightning_nsv.memory import base_page_empty
 from lightning_nsv.solver.protocol import KernelColumns, finite_columns
+from lightning_nsv.solver.store_protocol import Candidates, Store
 
 __all__ = ["PairColumns", "PairStore", "SampleRows"]
 
@@ -66,10 +67,10 @@ class SampleRows(KernelColumns):
         return self.rows(np.asarray(idx, dtype=np.int64)).T
 
 
-class PairColumns:
+class PairColumns(Candidates):
     """``Q[:, new]`` of multi-class pairs, formed on request from the sample kernel rows of a :class:`PairStore`."""
 
-    def __init__(self, store: "PairStore", new: np.ndarray) -> None:
+    def __init__(self, store: PairStore, new: np.ndarray) -> None:
         self.store, self.new = store, new
 
     def take(self, rows) -> np.ndarray:
@@ -79,11 +80,11 @@ class PairColumns:
         kernel = st.sample_rows[np.ix_(st.slot[st.pair_sample[self.new]], st.pair_sample[rows])].T
         return kernel * (st.directions[rows] @ st.directions[self.new].T) / st.scale
 
-    def single(self, k: int) -> "PairColumns":
+    def single(self, k: int) -> PairColumns:
         return PairColumns(self.store, self.new[k:k + 1])
 
 
-class PairStore:
+class PairStore(Store[PairColumns]):
     """``Q`` of the multi-class pair problem from sample kernel columns: ``K(x_j, ·)`` is computed once for each
     sample ``j`` with a pair that is ever a candidate (:class:`SampleRows`); ``Q[:, F] α`` comes from ``f = K[:, S] β``
     (``β_jk`` the class coefficients of the free pairs), an ``m×s×K`` product, and blocks of ``Q_FF`` from ``K_SS``
@@ -121,20 +122,20 @@ class PairStore:
         return PairColumns(self, new)
 
     def admit(self, columns: PairColumns) -> None:
-        pass
+        """Nothing to keep: the samples' kernel rows were kept at the fetch."""
 
-    def class_coefficients(self, index, alpha: np.ndarray) -> np.ndarray:
+    def class_coefficients(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``β`` per stored sample slot, ``(s, K)``: ``β_jk = Σ_{p=(j,·)} α_p (d_p)_k``."""
-        index = np.asarray(index, dtype=np.int64)
+        pairs = np.asarray(index, dtype=np.int64)
         beta = np.zeros((self.count, self.directions.shape[1]))
-        np.add.at(beta, self.slot[self.pair_sample[index]], alpha[:, None] * self.directions[index])
+        np.add.at(beta, self.slot[self.pair_sample[pairs]], alpha[:, None] * self.directions[pairs])
         return beta
 
-    def q_times(self, index, alpha: np.ndarray) -> np.ndarray:
+    def q_times(self, index: list[int], alpha: np.ndarray) -> np.ndarray:
         """``Q[:, F] α`` over all pairs: ``(f_{y_i}(x_i) − f_k(x_i)) / scale``."""
         beta = torch.from_numpy(self.class_coefficients(index, alpha))
         f = (torch.from_numpy(self.sample_rows).T @ beta).numpy()  # torch's own thread pool for the large product
         return (f[self.pair_sample, self.labels[self.pair_sample]] - f[self.pair_sample, self.pair_class]) / self.scale
 
     def keep(self, kept: np.ndarray, members: int) -> None:
-        pass
+        """Nothing to drop: a sample's kernel row stays for its other pairs."""
