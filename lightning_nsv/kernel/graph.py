@@ -100,6 +100,11 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
             raise NotPiecewiseLinearError(
                 f"{type(module).__name__}.forward calls len() on a tensor, which torch.fx cannot trace (it is a "
                 "size, not control flow): write x.size(0) or x.shape[0] instead") from None
+        if "Proxy object cannot be iterated" in str(err):
+            raise NotPiecewiseLinearError(
+                f"{type(module).__name__}.forward iterates over a tensor or over the pieces of a split, whose number "
+                "torch.fx does not know when tracing: take the pieces by index (a, b = x.chunk(2, 1); "
+                "pieces[0] + pieces[1])") from None
         raise NotPiecewiseLinearError(
             f"torch.fx could not trace {type(module).__name__}.forward ({type(err).__name__}: {err}). Control flow "
             "that depends on tensor values (if/for on x) cannot be traced; write it without, or move that part into "

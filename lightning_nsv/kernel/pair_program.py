@@ -326,8 +326,13 @@ class Compiler:
         return Terms(tuple(terms), out_shape)
 
     def channel_slice(self, rule, v, args, in_shape, out_shape):
-        """Indexing that slices the channels only (``x[:, 2:5]``): the factors sliced alike."""
+        """Indexing that slices the channels only (``x[:, 2:5]``): the factors sliced alike; that keeps every channel
+        and slices the planes (``x[:, :, 1:3]``, from ``split`` along a spatial dim): a fixed map of each plane."""
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if index[0] == slice(None) and (len(index) < 2 or index[1] == slice(None)) and out_shape[:1] == in_shape[:1]:
+            rows, cols, weights, n_out = plane_map(rule.where, lambda t: t[index], 1.0, in_shape, out_shape,
+                                                   self.graph.device)
+            return self.mapped(rule, v, rows, cols, weights, n_out, in_shape, out_shape)
         if len(index) < 2 or index[0] != slice(None) or not isinstance(index[1], slice) or \
                 not all(i == slice(None) or i is Ellipsis for i in index[2:]) or out_shape[1:] != in_shape[1:]:
             raise NotFusable(f"{rule.where}: indexing other than a slice of the channels")
