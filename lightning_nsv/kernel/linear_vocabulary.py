@@ -34,6 +34,7 @@ _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _CONV_T_FUNCTIONS = {F.conv_transpose1d: 1, F.conv_transpose2d: 2, F.conv_transpose3d: 3,
                      torch.conv_transpose1d: 1, torch.conv_transpose2d: 2, torch.conv_transpose3d: 3}
 _CONV_T_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_MATMUL = {operator.matmul, torch.matmul, torch.mm, "matmul", "mm", "__matmul__"}
 SPLITS = {torch.chunk, torch.split, torch.unbind, torch.narrow, "chunk", "split", "unbind", "narrow"}
 
 
@@ -166,8 +167,8 @@ def _weights(classifier, node: fx.Node, where: str, weight, bias) -> tuple[Tenso
 
 
 def function_rule(classifier, node: fx.Node, where: str) -> Rule | None:
-    """The rule of ``F.linear``, ``F.convNd``, ``F.conv_transposeNd`` with parameter weights, a split left as it was
-    (refused), or ``None`` for other functions."""
+    """The rule of ``F.linear``, ``x @ W``, ``F.convNd``, ``F.conv_transposeNd`` with parameter weights, a split left
+    as it was (refused), or ``None`` for other functions."""
     target = node.target
     if target in SPLITS:
         raise refuse(where, "its pieces are read other than by a constant index (a, b = x.chunk(2, 1)), or its sizes "
@@ -176,6 +177,11 @@ def function_rule(classifier, node: fx.Node, where: str) -> Rule | None:
     if target in (F.linear, torch.nn.functional.linear):
         weight, bias = _settings(node, ("weight", "bias"), (None, None))
         return Linear(where, *_weights(classifier, node, where, weight, bias))
+    if target in _MATMUL and len(node.args) == 2 and isinstance(node.args[1], fx.Node) and \
+            node.args[1].op == "get_attr":  # x @ W: F.linear with weight Wᵀ
+        weight = _weights(classifier, node, where, node.args[1], None)[0]
+        if weight.dim() == 2:
+            return Linear(where, weight.T.contiguous(), None)
     if target in _CONV_FUNCTIONS:
         n = _CONV_FUNCTIONS[target]
         weight, bias, stride, padding, dilation, groups = _settings(

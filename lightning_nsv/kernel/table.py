@@ -31,7 +31,8 @@ _SHAPE_METHODS = {"view", "reshape", "flatten", "unflatten", "squeeze", "unsquee
 _SHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.permute, torch.transpose,
                     torch.unflatten, operator.getitem}
 _META_METHODS = {"size", "dim", "numel"}
-_MAX_POOLS = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3}
+_MAX_POOLS = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3, torch.max_pool1d: 1, torch.max_pool2d: 2,
+              torch.max_pool3d: 3}
 _ADAPTIVE_MAX = {F.adaptive_max_pool1d: 1, F.adaptive_max_pool2d: 2, F.adaptive_max_pool3d: 3}
 _AVG_POOLS = {F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
               F.adaptive_avg_pool3d}
