@@ -215,3 +215,15 @@ def test_the_whole_network_analysis_runs(case):
         y = own_labels(module, x)
     analysis = whole_network_support_vectors(module, x, y)
     assert analysis.n_support >= 1 and analysis.wbar_norm > 0
+
+
+def test_reading_a_splits_shapes_leaves_the_module_as_it_was():
+    """The shapes of a split come from one forward of the traced graph: BatchNorm in training mode (refused) keeps
+    its running statistics, the random state is as before."""
+    module = Apply(lambda s, h: s.bn(h).chunk(2, 1)[0], bn=nn.BatchNorm2d(4)).train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    state = torch.random.get_rng_state()
+    with pytest.raises(NotPiecewiseLinearError, match="BatchNorm in training mode"):
+        trace(module, inputs((1, 6, 6)))
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.fx as fx
+import torch.fx.passes.shape_prop  # noqa: F401 (fx.passes.shape_prop)
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -74,11 +75,16 @@ def rewrite(gm: fx.GraphModule, module: nn.Module, example: Tensor, device) -> N
     if splits:  # before the padded convolutions: the shapes come from running the graph as traced
         param = next(iter(module.parameters()), None)
         dtype = param.dtype if param is not None else example.dtype
+        saved = [b.detach().clone() for b in module.buffers()]  # a forward in training mode updates BatchNorm's
         try:
-            with torch.no_grad():
+            with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 fx.passes.shape_prop.ShapeProp(gm).propagate(example[:2].to(device, dtype))
         except Exception:  # noqa: BLE001 - the table refuses the splits left
             splits = []
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(module.buffers(), saved):
+                    buffer.copy_(value)
         for node in splits:
             _slices(graph, node)
     for node in list(graph.nodes):
