@@ -120,6 +120,8 @@ def _slices(graph: fx.Graph, node: fx.Node) -> None:
     lead = (slice(None),) * dim
     if name == "narrow":
         piece = units.narrow(0, settings["start"], settings["length"])
+        if len(piece) == 0:
+            return
         node.op, node.target, node.kwargs = "call_function", operator.getitem, {}
         node.args = (source, lead + (slice(int(piece[0]), int(piece[0]) + len(piece)),))
         return
