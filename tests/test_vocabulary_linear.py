@@ -227,3 +227,15 @@ def test_reading_a_splits_shapes_leaves_the_module_as_it_was():
         trace(module, inputs((1, 6, 6)))
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", ["combined", "conv_transpose2d_groups_no_bias", "chunk_rows"])
+def test_on_cuda_the_torch_engine_equals_numba(case):
+    torch.manual_seed(0)
+    make, shape, _ = OPERATIONS[case]
+    module, x = make(3).eval(), inputs(shape, n=8)
+    cpu = columns(module, x, engine="numba").columns_tensor(range(len(x)))
+    gpu = columns(module.cuda(), x.cuda(), engine="torch")
+    assert gpu.engine == "fused pair program (torch)"
+    assert relative(gpu.columns_tensor(range(len(x))).cpu(), cpu) < TOL
