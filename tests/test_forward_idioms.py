@@ -86,6 +86,8 @@ IDIOMS = [  # (name, what forward says, module)
     ("len", "`x.reshape(len(x), -1)`", lambda: Net(lambda s, x: out(s, relu_conv(s, x).reshape(len(x), -1)))),
     ("shape_0", "`x.view(x.shape[0], -1)`", lambda: Net(lambda s, x: out(s, relu_conv(s, x).view(x.shape[0], -1)))),
     ("size_0", "`x.view(x.size(0), -1)`", lambda: Net(lambda s, x: out(s, relu_conv(s, x).view(x.size(0), -1)))),
+    ("shape_unpacked", "`n, c, h, w = x.shape; x.view(n, c * h * w)`", lambda: Net(lambda s, x: out(s, unpacked(
+        relu_conv(s, x))))),
     ("flatten_method", "`x.flatten(1)`", lambda: Net(lambda s, x: out(s, relu_conv(s, x).flatten(1)))),
     ("torch_flatten", "`torch.flatten(x, 1)`", lambda: Net(lambda s, x: out(s, torch.flatten(relu_conv(s, x), 1)))),
     ("nn_flatten", "`self.flatten(x)` (`nn.Flatten()`)",
@@ -141,6 +143,8 @@ IDIOMS = [  # (name, what forward says, module)
                                   .flatten(1)), head=C)),
     ("torch_mean", "`torch.mean(x, dim=(2, 3))`",
      lambda: Net(lambda s, x: out(s, torch.mean(relu_conv(s, x), dim=(2, 3))), head=C)),
+    ("sum_forms", "`x.sum((2, 3))`, `torch.sum(x, dim=(2, 3))`",
+     lambda: Net(lambda s, x: out(s, relu_conv(s, x).sum((2, 3)) + torch.sum(relu_conv(s, x), dim=(2, 3))), head=C)),
     ("mean_last_twice", "`x.mean(-1).mean(-1)`", lambda: Net(lambda s, x: out(s, relu_conv(s, x).mean(-1).mean(-1)),
                                                              head=C)),
 ]
@@ -168,6 +172,11 @@ REFUSED = [  # (name, what forward says, module, what the refusal says)
      lambda: Net(lambda s, x: (relu_conv(s, x).flatten(1) @ s.weight.t()).squeeze(1),
                  weight=nn.Parameter(torch.randn(1, 72))), r"computes a tensor from parameters or constants inside"),
 ]
+
+
+def unpacked(h):
+    n, c, height, width = h.shape
+    return h.view(n, c * height * width)
 
 
 def iadd(a, b):
@@ -200,3 +209,7 @@ def test_the_readme_lists_every_idiom():
     readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
     missing = [row for row in readme_rows() if row not in readme]
     assert not missing, "README.md's 'Idioms in forward' lacks:\n" + "\n".join(missing)
+
+
+if __name__ == "__main__":  # the README's rows: PYTHONPATH=. python tests/test_forward_idioms.py
+    print("\n".join("  " + row for row in readme_rows()))
