@@ -5,6 +5,8 @@ paths (<phi, wbar> = N(x), K = Phi Phiᵀ, ||wbar||², to 1e-12), every engine e
 whole-network analysis on each."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -124,6 +126,17 @@ def add3(pieces):
     return pieces[0] + pieces[1] + pieces[2]
 
 
+def alive(make, x) -> nn.Module:
+    """The first of ``make(1)`` over seeds whose output is not the same on every sample (every unit off)."""
+    for seed in range(20):
+        torch.manual_seed(seed)
+        module = make(1).eval()
+        with torch.no_grad():
+            if float(module(x).std()) > 1e-6:
+                return module
+    raise AssertionError("every unit off for 20 seeds")
+
+
 def every_engine_equals_the_plain_network(module, x, fused: bool) -> None:
     """The reference and auto engines, and (fused) numba and torch, equal to the plain pair network; a graph the
     program does not express says so in ``engine``."""
@@ -204,13 +217,11 @@ def test_refusals_name_what_is_left():
         trace(looped, inputs((1, 6, 6)))
 
 
-@pytest.mark.parametrize("case", ["conv2d_reflect", "conv_transpose2d_stride_padding", "chunk", "narrow_channels",
-                                  "split_spatial", "combined"])
+@pytest.mark.parametrize("case", sorted(OPERATIONS))
 def test_the_whole_network_analysis_runs(case):
-    torch.manual_seed(3)
     make, shape, _ = OPERATIONS[case]
-    x = digits([3, 8], 30)[0][:, :, 1:1 + shape[1], 1:1 + shape[2]].contiguous()
-    module = two_classes(make(1), x)
+    x = digits([3, 8], 30)[0].flatten(1)[:, 20:20 + math.prod(shape)].reshape(-1, *shape) - 0.5  # the middle rows
+    module = two_classes(alive(make, x), x)
     with eval_mode(module):
         y = own_labels(module, x)
     analysis = whole_network_support_vectors(module, x, y)
