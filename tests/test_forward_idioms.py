@@ -111,7 +111,8 @@ IDIOMS = [  # (name, what forward says, module)
      lambda: Net(lambda s, x: out(s, F.relu(s.conv(x), inplace=True).flatten(1)))),
     ("torch_relu", "`torch.relu(x)`", lambda: Net(lambda s, x: out(s, torch.relu(s.conv(x)).flatten(1)))),
     ("method_relu", "`x.relu()`", lambda: Net(lambda s, x: out(s, s.conv(x).relu().flatten(1)))),
-    ("F_leaky_relu", "`F.leaky_relu(x, 0.1)`", lambda: Net(lambda s, x: out(s, F.leaky_relu(s.conv(x), 0.1).flatten(1)))),
+    ("F_leaky_relu", "`F.leaky_relu(x, 0.1)`",
+     lambda: Net(lambda s, x: out(s, F.leaky_relu(s.conv(x), 0.1).flatten(1)))),
     ("F_max_pool2d", "`F.max_pool2d(x, 2)`",
      lambda: Net(lambda s, x: out(s, F.max_pool2d(relu_conv(s, x), 2).flatten(1)), head=18)),
     ("torch_max_pool2d", "`torch.max_pool2d(x, 2)`",
@@ -201,7 +202,8 @@ def test_a_refused_idiom_says_why_and_what_to_write(name):
 def readme_rows() -> list[str]:
     """The README's rows: what forward says, how it is analysed, and the test."""
     return [f"| {code} | exact | `test_an_idiom_is_analysed_exactly[{name}]` |" for name, code, _ in IDIOMS] + [
-        f"| {code} | refused, saying why and what to write | `test_a_refused_idiom_says_why_and_what_to_write[{name}]` |"
+        f"| {code} | refused, saying why and what to write | "
+        f"`test_a_refused_idiom_says_why_and_what_to_write[{name}]` |"
         for name, code, *_ in REFUSED]
 
 

@@ -47,8 +47,14 @@ class Apply(nn.Module):
         return out.squeeze(1) if self.outputs == 1 else out
 
 
-def layer(make, shape=(1, 6, 6)):
-    return lambda outputs=1: Apply(lambda s, h: s.layer(h), shape, outputs=outputs, layer=make())
+def layer(make, shape=(1, 6, 6), fused: bool = True):
+    """An :data:`OPERATIONS` entry: the module ``make()`` after the stem."""
+    return lambda outputs=1: Apply(lambda s, h: s.layer(h), shape, outputs=outputs, layer=make()), shape, fused
+
+
+def apply(fn, shape=(1, 6, 6), fused: bool = True, **layers):
+    """An :data:`OPERATIONS` entry: ``fn(self, h)`` after the stem."""
+    return lambda outputs=1: Apply(fn, shape, outputs=outputs, **{k: v() for k, v in layers.items()}), shape, fused
 
 
 class Combined(nn.Module):
@@ -71,45 +77,33 @@ class Combined(nn.Module):
         return out.squeeze(1) if self.outputs == 1 else out
 
 
-OPERATIONS = {  # name: (module of outputs, input shape, fused)
-    "conv2d_reflect": (layer(lambda: nn.Conv2d(4, 3, 3, padding=1, padding_mode="reflect")), (1, 6, 6), True),
-    "conv2d_replicate_stride": (layer(lambda: nn.Conv2d(4, 3, 3, stride=2, padding=2, padding_mode="replicate")),
-                                (1, 6, 6), True),
-    "conv2d_circular_groups": (layer(lambda: nn.Conv2d(4, 4, 3, padding=(1, 2), groups=2, padding_mode="circular")),
-                               (1, 6, 6), True),
-    "conv2d_reflect_same_even": (layer(lambda: nn.Conv2d(4, 2, 4, padding="same", padding_mode="reflect",
-                                                         bias=False)), (1, 6, 6), True),
-    "conv1d_reflect_dilation": (layer(lambda: nn.Conv1d(4, 2, 3, padding=2, dilation=2, padding_mode="reflect"),
-                                      (1, 10)), (1, 10), True),
-    "conv1d_circular": (layer(lambda: nn.Conv1d(4, 2, 3, padding=1, padding_mode="circular"), (1, 10)), (1, 10),
-                        True),
-    "conv_transpose2d": (layer(lambda: nn.ConvTranspose2d(4, 3, 3), (1, 5, 5)), (1, 5, 5), True),
-    "conv_transpose2d_stride_padding": (layer(lambda: nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1,
-                                                                         output_padding=1), (1, 5, 5)), (1, 5, 5), True),
-    "conv_transpose2d_groups_no_bias": (layer(lambda: nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False), (1, 5, 5)),
-                                        (1, 5, 5), True),
-    "conv_transpose2d_dilation": (layer(lambda: nn.ConvTranspose2d(4, 2, 2, stride=2, dilation=2), (1, 5, 5)), (1, 5, 5), True),
-    "conv_transpose1d_stride": (layer(lambda: nn.ConvTranspose1d(4, 2, 3, stride=2, padding=1, output_padding=1),
-                                      (1, 8)), (1, 8), True),
-    "functional_conv_transpose2d": (
-        lambda outputs=1: Apply(lambda s, h: F.conv_transpose2d(h, s.w, s.b, stride=2, padding=1), (1, 5, 5),
-                                outputs=outputs, w=nn.Parameter(torch.randn(4, 2, 3, 3)),
-                                b=nn.Parameter(torch.randn(2))), (1, 5, 5), True),
-    "chunk": (lambda outputs=1: Apply(lambda s, h: torch.cat([h.chunk(2, 1)[1], 2.0 * h.chunk(2, 1)[0]], 1),
-                                      outputs=outputs), (1, 6, 6), True),
-    "split_sections": (lambda outputs=1: Apply(lambda s, h: swap(torch.split(h, [1, 3], 1)), outputs=outputs),
-                       (1, 6, 6), True),
-    "tensor_split_size": (lambda outputs=1: Apply(lambda s, h: add(h.split(2, dim=1)), outputs=outputs),
-                          (1, 6, 6), True),
-    "narrow_channels": (lambda outputs=1: Apply(lambda s, h: torch.narrow(h, 1, 1, 2), outputs=outputs), (1, 6, 6),
-                        True),
-    "narrow_method_negative": (lambda outputs=1: Apply(lambda s, h: h.narrow(-3, -2, 2), outputs=outputs), (1, 6, 6),
-                               True),
-    "unbind_channels": (lambda outputs=1: Apply(lambda s, h: h.unbind(1)[2].unsqueeze(1) - h.unbind(1)[0].unsqueeze(1),
-                                                outputs=outputs), (1, 6, 6), False),
-    "split_spatial": (lambda outputs=1: Apply(lambda s, h: torch.cat([h.split(4, 3)[1], h.split(4, 3)[0]], 3),
-                                              outputs=outputs), (1, 6, 6), False),
-    "chunk_rows": (lambda outputs=1: Apply(lambda s, h: add3(h.chunk(3, 2)), outputs=outputs), (1, 6, 6), True),
+SMALL, ROW, SHORT = (1, 5, 5), (1, 10), (1, 8)
+OPERATIONS = {  # name: (module of `outputs`, input shape, fused into the pair program)
+    "conv2d_reflect": layer(lambda: nn.Conv2d(4, 3, 3, padding=1, padding_mode="reflect")),
+    "conv2d_replicate_stride": layer(lambda: nn.Conv2d(4, 3, 3, stride=2, padding=2, padding_mode="replicate")),
+    "conv2d_circular_groups": layer(lambda: nn.Conv2d(4, 4, 3, padding=(1, 2), groups=2, padding_mode="circular")),
+    "conv2d_reflect_same_even": layer(lambda: nn.Conv2d(4, 2, 4, padding="same", padding_mode="reflect", bias=False)),
+    "conv1d_reflect_dilation": layer(lambda: nn.Conv1d(4, 2, 3, padding=2, dilation=2, padding_mode="reflect"), ROW),
+    "conv1d_circular": layer(lambda: nn.Conv1d(4, 2, 3, padding=1, padding_mode="circular"), ROW),
+    "conv_transpose2d": layer(lambda: nn.ConvTranspose2d(4, 3, 3), SMALL),
+    "conv_transpose2d_stride_padding": layer(
+        lambda: nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1), SMALL),
+    "conv_transpose2d_groups_no_bias": layer(lambda: nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False),
+                                             SMALL),
+    "conv_transpose2d_dilation": layer(lambda: nn.ConvTranspose2d(4, 2, 2, stride=2, dilation=2), SMALL),
+    "conv_transpose1d_stride": layer(lambda: nn.ConvTranspose1d(4, 2, 3, stride=2, padding=1, output_padding=1),
+                                     SHORT),
+    "functional_conv_transpose2d": apply(lambda s, h: F.conv_transpose2d(h, s.w, s.b, stride=2, padding=1), SMALL,
+                                         w=lambda: nn.Parameter(torch.randn(4, 2, 3, 3)),
+                                         b=lambda: nn.Parameter(torch.randn(2))),
+    "chunk": apply(lambda s, h: torch.cat([h.chunk(2, 1)[1], 2.0 * h.chunk(2, 1)[0]], 1)),
+    "split_sections": apply(lambda s, h: swap(torch.split(h, [1, 3], 1))),
+    "tensor_split_size": apply(lambda s, h: add(h.split(2, dim=1))),
+    "narrow_channels": apply(lambda s, h: torch.narrow(h, 1, 1, 2)),
+    "narrow_method_negative": apply(lambda s, h: h.narrow(-3, -2, 2)),
+    "unbind_channels": apply(lambda s, h: h.unbind(1)[2].unsqueeze(1) - h.unbind(1)[0].unsqueeze(1), fused=False),
+    "split_spatial": apply(lambda s, h: torch.cat([h.split(4, 3)[1], h.split(4, 3)[0]], 3), fused=False),
+    "chunk_rows": apply(lambda s, h: add3(h.chunk(3, 2))),
     "combined": (lambda outputs=1: randomise_bn(Combined(outputs)), (1, 4, 6), True),
 }
 

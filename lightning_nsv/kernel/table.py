@@ -151,7 +151,8 @@ class Classifier:
         if not any(n in self.dynamic for n in inputs):  # arithmetic on sizes
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
-        if node.target in _META_METHODS or node.target is len or (node.target is getattr and node.args[1] in ("shape", "ndim")):
+        if node.target in _META_METHODS or node.target is len or (
+                node.target is getattr and node.args[1] in ("shape", "ndim")):
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
         self.dynamic.add(node)
