@@ -104,6 +104,8 @@ OPERATIONS = {  # name: (module of `outputs`, input shape, fused into the pair p
     "unbind_channels": apply(lambda s, h: h.unbind(1)[2].unsqueeze(1) - h.unbind(1)[0].unsqueeze(1), fused=False),
     "split_spatial": apply(lambda s, h: torch.cat([h.split(4, 3)[1], h.split(4, 3)[0]], 3), fused=False),
     "chunk_rows": apply(lambda s, h: add3(h.chunk(3, 2))),
+    "chunk_read_whole": apply(lambda s, h: torch.cat(h.chunk(2, 1)[::-1], 1) - torch.cat(torch.split(h, 3, 1), 1)),
+    "unbind_stacked": apply(lambda s, h: torch.stack(h.unbind(1)[1:3], 1), fused=False),
     "combined": (lambda outputs=1: randomise_bn(Combined(outputs)), (1, 4, 6), True),
 }
 

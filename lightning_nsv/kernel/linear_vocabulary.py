@@ -5,7 +5,8 @@ Before the table reads a traced graph, :func:`rewrite` puts two operations into 
 - a convolution with ``padding_mode`` reflect, replicate or circular becomes its padding (an ``F.pad`` node, a
   fixed map of each plane) followed by the convolution without padding: one edge per (weight, input, output), so
   the pair network counts the weights that join two units (2 or 4 at a reflected border);
-- ``chunk``, ``split``, ``unbind`` and ``narrow`` become the slices they take (``x[:, a:b]``, ``x[:, i]``).
+- ``chunk``, ``split``, ``unbind`` and ``narrow`` become the slices they take (``x[:, a:b]``, ``x[:, i]``), read
+  by index, by a slice of the pieces or as the whole tuple.
 
 :func:`len_as_size` lets ``len(x)`` trace as a size (as ``x.size(0)``); :class:`ConvTranspose` is a parameter map
 (its weights in ``wbar``) whose program form is the all-ones kernel's map of one plane, probed on unit inputs.
@@ -100,7 +101,8 @@ def rewrite(gm: fx.GraphModule, module: nn.Module, example: Tensor, device) -> N
 
 
 def _slices(graph: fx.Graph, node: fx.Node) -> None:
-    """A split's pieces taken by index become slices of its input (left as it is otherwise: the table refuses it)."""
+    """A split becomes slices of its input, read by index, by a slice of the pieces or whole (left as it is where its
+    sizes or an index are computed inside forward: the table refuses it)."""
     name = node.target if isinstance(node.target, str) else node.target.__name__
     source = node.args[0]
     meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
@@ -125,9 +127,8 @@ def _slices(graph: fx.Graph, node: fx.Node) -> None:
         node.op, node.target, node.kwargs = "call_function", operator.getitem, {}
         node.args = (source, lead + (slice(int(piece[0]), int(piece[0]) + len(piece)),))
         return
-    users = list(node.users)
-    if not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
-               for u in users):
+    if any(u.op == "call_function" and u.target is operator.getitem and not isinstance(u.args[1], (int, slice))
+           for u in node.users):
         return
     if name == "unbind":
         index = [lead + (i,) for i in range(shape[dim])]
@@ -135,8 +136,26 @@ def _slices(graph: fx.Graph, node: fx.Node) -> None:
         pieces = units.chunk(settings["chunks"]) if name == "chunk" else units.split(settings["split_size"])
         starts = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
         index = [lead + (slice(a, a + len(p)),) for a, p in zip(starts, pieces)]
-    for user in users:
-        user.args = (source, index[user.args[1]])
+    whole = []  # the pieces as slice nodes, for readers of the whole tuple or of a slice of it
+
+    def pieces_of(part: slice) -> tuple[fx.Node, ...]:
+        if not whole:
+            with graph.inserting_after(node):
+                whole.extend(graph.call_function(operator.getitem, (source, i)) for i in reversed(index))
+            whole.reverse()
+        return tuple(whole[part])
+
+    for user in list(node.users):
+        if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+            user.args = (source, index[user.args[1]])
+        elif user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], slice):
+            for reader in list(user.users):  # x.chunk(2, 1)[::-1] read whole
+                reader.args, reader.kwargs = fx.node.map_arg((reader.args, reader.kwargs),
+                                                             lambda a: pieces_of(user.args[1]) if a is user else a)
+            graph.erase_node(user)
+        else:  # torch.cat(x.chunk(2, 1), 1)
+            user.args, user.kwargs = fx.node.map_arg((user.args, user.kwargs),
+                                                     lambda a: pieces_of(slice(None)) if a is node else a)
     graph.erase_node(node)
 
 
@@ -179,9 +198,9 @@ def function_rule(classifier, node: fx.Node, where: str) -> Rule | None:
     as it was (refused), or ``None`` for other functions."""
     target = node.target
     if target in SPLITS:
-        raise refuse(where, "its pieces are read other than by a constant index (a, b = x.chunk(2, 1)), or its sizes "
-                            "are computed inside forward", "take the pieces by index, with sizes fixed in __init__",
-                     TRUNK, linear=True)
+        raise refuse(where, "its pieces are read at an index computed inside forward, or its sizes are",
+                     "take the pieces by constant index (a, b = x.chunk(2, 1)), with sizes fixed in __init__", TRUNK,
+                     linear=True)
     if target in (F.linear, torch.nn.functional.linear):
         weight, bias = _settings(node, ("weight", "bias"), (None, None))
         return Linear(where, *_weights(classifier, node, where, weight, bias))
