@@ -15,8 +15,9 @@ from torch import Tensor
 
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.graph import PiecewiseGraph, run
+from lightning_nsv.kernel.linear_vocabulary import ConvTranspose
 
-PARAMETER_MAPS = (R.Linear, R.Conv, R.BatchNorm, R.ParamScale)
+PARAMETER_MAPS = (R.Linear, R.Conv, R.BatchNorm, R.ParamScale, ConvTranspose)
 
 
 class Paths:
@@ -174,7 +175,7 @@ def _all_paths(graph: PiecewiseGraph, x: Tensor):
 
 
 def _starts(rule: R.Rule) -> bool:
-    if isinstance(rule, (R.Linear, R.Conv)):
+    if isinstance(rule, (R.Linear, R.Conv, ConvTranspose)):
         return rule.bias is not None
     return isinstance(rule, (R.BatchNorm, R.Shift))
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.linear_vocabulary import len_as_size, rewrite
 from lightning_nsv.kernel.table import NotPiecewiseLinearError, Classifier, is_leaky_family
 
 __all__ = ["GateLayer", "NotPiecewiseLinearError", "PiecewiseGraph", "PoolLayer", "run", "trace"]
@@ -42,10 +43,15 @@ class PoolLayer(NamedTuple):
 
 
 class _Tracer(fx.Tracer):
-    """Keeps the package's Leaky-ReLU-family module a leaf (one gate, not its ``torch.where``)."""
+    """Keeps the package's Leaky-ReLU-family module a leaf (one gate, not its ``torch.where``); ``len(x)`` in
+    ``forward`` is a size."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return is_leaky_family(m) or super().is_leaf_module(m, qualname)
+
+    def trace(self, root, concrete_args=None):
+        with len_as_size(root):
+            return super().trace(root, concrete_args)
 
 
 @dataclass
@@ -94,6 +100,11 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
             raise NotPiecewiseLinearError(
                 f"{type(module).__name__}.forward calls len() on a tensor, which torch.fx cannot trace (it is a "
                 "size, not control flow): write x.size(0) or x.shape[0] instead") from None
+        if "Proxy object cannot be iterated" in str(err):
+            raise NotPiecewiseLinearError(
+                f"{type(module).__name__}.forward iterates over a tensor or over the pieces of a split, whose number "
+                "torch.fx does not know when tracing: take the pieces by index (a, b = x.chunk(2, 1); "
+                "pieces[0] + pieces[1])") from None
         raise NotPiecewiseLinearError(
             f"torch.fx could not trace {type(module).__name__}.forward ({type(err).__name__}: {err}). Control flow "
             "that depends on tensor values (if/for on x) cannot be traced; write it without, or move that part into "
@@ -101,6 +112,7 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
     gm = fx.GraphModule(module, graph)
     param = next(iter(module.parameters()), None)
     device = param.device if param is not None else example.device
+    rewrite(gm, module, example, device)
     classifier = Classifier(gm, device)
     nodes = list(graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]

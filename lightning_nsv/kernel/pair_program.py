@@ -39,6 +39,7 @@ class ProgramContext(Protocol):
 
     def gate(self, rule, v: Value) -> Value: ...
     def conv(self, rule, v: Value) -> Value: ...
+    def conv_transpose(self, rule, v: Value) -> Value: ...
     def linear(self, rule, v: Value) -> Value: ...
     def shift(self, rule, v: Value) -> Value: ...
     def max_pool(self, rule, v: Value) -> Value: ...
@@ -161,24 +162,31 @@ class Compiler:
         gate = self.recipe(("gate", rule.name), shape)
         return self.refactored(v, lambda factor: self.times(factor, gate, shape), shape)
 
-    def conv(self, rule, v):
+    def conv(self, rule, v, plane=None):
         """Channel sum (within each group), window sums, ``+1`` with a bias. Grouped convolutions of a value that
-        depends on the channel give a term per group, its channels' indicator as factor."""
+        depends on the channel give a term per group, its channels' indicator as factor. ``plane(reg)``: the map of
+        one plane instead of the window sums."""
         out_shape = tuple(rule.out_shape[1:])
         channels, spatial = channels_and_positions(v.shape)
+        plane = plane or (lambda reg: self.box(reg, spatial, rule))
         if rule.groups == 1 or isinstance(v, Map):
             reg = v.channel_sum(self)
             if rule.groups > 1:  # the sum within one group of a value equal in every channel
                 reg = Map(reg, v.shape).scaled(self, 1.0 / rule.groups).reg
-            return Map(self.plus_one(self.box(reg, spatial, rule), rule.bias is not None), out_shape)
+            return Map(self.plus_one(plane(reg), rule.bias is not None), out_shape)
         g, out_channels, terms = rule.groups, out_shape[0], []
         for k in range(g):
             inside = self.recipe(("channels", k * channels // g, (k + 1) * channels // g, v.shape), v.shape)
             part = self.refactored(v, lambda factor: self.times(factor, inside, v.shape), v.shape)
-            reg = self.plus_one(self.box(part.channel_sum(self), spatial, rule), rule.bias is not None)
+            reg = self.plus_one(plane(part.channel_sum(self)), rule.bias is not None)
             own = ("channels", k * out_channels // g, (k + 1) * out_channels // g, out_shape)
             terms.append(Term(1.0, reg, self.recipe(own, out_shape)))
         return Terms(tuple(terms), out_shape)
+
+    def conv_transpose(self, rule, v):
+        """As :meth:`conv`, the all-ones kernel's transposed convolution of one plane (its probed matrix) for the
+        window sums."""
+        return self.conv(rule, v, plane=lambda reg: self.spmv(reg, rule.sparse, rule.n_out))
 
     def linear(self, rule, v):
         in_shape = tuple(rule.in_shape[1:])
@@ -318,8 +326,13 @@ class Compiler:
         return Terms(tuple(terms), out_shape)
 
     def channel_slice(self, rule, v, args, in_shape, out_shape):
-        """Indexing that slices the channels only (``x[:, 2:5]``): the factors sliced alike."""
+        """Indexing that slices the channels only (``x[:, 2:5]``): the factors sliced alike; that keeps every channel
+        and slices the planes (``x[:, :, 1:3]``, from ``split`` along a spatial dim): a fixed map of each plane."""
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if index[0] == slice(None) and (len(index) < 2 or index[1] == slice(None)) and out_shape[:1] == in_shape[:1]:
+            rows, cols, weights, n_out = plane_map(rule.where, lambda t: t[index], 1.0, in_shape, out_shape,
+                                                   self.graph.device)
+            return self.mapped(rule, v, rows, cols, weights, n_out, in_shape, out_shape)
         if len(index) < 2 or index[0] != slice(None) or not isinstance(index[1], slice) or \
                 not all(i == slice(None) or i is Ellipsis for i in index[2:]) or out_shape[1:] != in_shape[1:]:
             raise NotFusable(f"{rule.where}: indexing other than a slice of the channels")

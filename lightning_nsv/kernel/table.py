@@ -13,6 +13,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_nsv.kernel import linear_vocabulary as V
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.refusals import BUFFER, EVAL, REWRITE, TRUNK, NotPiecewiseLinearError, refuse, why_not
 
@@ -30,7 +31,8 @@ _SHAPE_METHODS = {"view", "reshape", "flatten", "unflatten", "squeeze", "unsquee
 _SHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.permute, torch.transpose,
                     torch.unflatten, operator.getitem}
 _META_METHODS = {"size", "dim", "numel"}
-_MAX_POOLS = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3}
+_MAX_POOLS = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3, torch.max_pool1d: 1, torch.max_pool2d: 2,
+              torch.max_pool3d: 3}
 _ADAPTIVE_MAX = {F.adaptive_max_pool1d: 1, F.adaptive_max_pool2d: 2, F.adaptive_max_pool3d: 3}
 _AVG_POOLS = {F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
               F.adaptive_avg_pool3d}
@@ -149,7 +151,8 @@ class Classifier:
         if not any(n in self.dynamic for n in inputs):  # arithmetic on sizes
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
-        if node.target in _META_METHODS or (node.target is getattr and node.args[1] in ("shape", "ndim")):
+        if node.target in _META_METHODS or node.target is len or (
+                node.target is getattr and node.args[1] in ("shape", "ndim")):
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
         self.dynamic.add(node)
@@ -166,11 +169,15 @@ class Classifier:
         if isinstance(m, nn.Linear):
             return R.Linear(where, *self.weights(m))
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            if m.padding_mode != "zeros":
-                raise refuse(where, f"padding_mode={m.padding_mode!r} pads with values of the input, a fixed linear "
-                                    "map the table does not cover yet (zero padding it does)",
-                             "use padding_mode='zeros'", TRUNK, linear=True)
+            if m.padding_mode != "zeros":  # its padding is the F.pad node before it (linear_vocabulary.rewrite)
+                if not node.meta.get(V.UNPADDED):
+                    raise refuse(where, f"padding_mode={m.padding_mode!r} with arguments other than the input",
+                                 "call it on the input alone", TRUNK, linear=True)
+                return R.Conv(where, V.unpadded(m), *self.weights(m))
             return R.Conv(where, m, *self.weights(m))
+        transposed = V.module_rule(self, node, where, m)
+        if transposed is not None:
+            return transposed
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             return self.batchnorm(where, m)
         if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)):
@@ -312,6 +319,9 @@ class Classifier:
                 raise refuse(where, "dropout in training mode is random",
                              f"pass training=self.training and {EVAL}")
             return R.Identity(where)
+        parameter_map = V.function_rule(self, node, where)  # F.linear, F.convNd, F.conv_transposeNd; splits left
+        if parameter_map is not None:
+            return parameter_map
         raise refuse(where, f"{name} is not in the operation table (the README lists it); unknown functions are "
                             "refused, never skipped", TRUNK, REWRITE)
 
