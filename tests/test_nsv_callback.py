@@ -402,6 +402,7 @@ def test_two_dimensional_inputs_get_boundary_and_weight_figures(tmp_path):
 
 def test_callback_passes_over_the_data_leave_the_global_rng_alone():
     from lightning_nsv.extract import find_path_part
+    from lightning_nsv.callbacks.nsv_scope import embed_all
     from lightning_nsv.scope import HeadScope
 
     model = LeakyReLUMLP(widths=[4])
@@ -412,7 +413,7 @@ def test_callback_passes_over_the_data_leave_the_global_rng_alone():
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    x, y = callback._embed_all(data.train_dataset, model)
+    x, y = embed_all(callback._scope, data.train_dataset, model, callback.batch_size)
     assert x.shape == (100, 64) and torch.equal(torch.rand(3), expected)
 
 
@@ -493,12 +494,12 @@ def test_a_ten_class_head_gets_the_multiclass_analysis(tmp_path):
 
 
 def test_the_solver_bar_shows_only_where_the_trainer_shows_one(capsys):
-    from lightning_nsv.callbacks.nsv_outputs import _SolverBar
+    from lightning_nsv.callbacks.nsv_outputs import SolverBar
 
-    hidden = _SolverBar(enabled=False, after=0.0)
+    hidden = SolverBar(enabled=False, after=0.0)
     hidden(1, 3, 0.5)
     assert hidden.bar is None
-    shown = _SolverBar(enabled=True, after=0.0)
+    shown = SolverBar(enabled=True, after=0.0)
     for iteration in (1, 2, 5):
         shown(iteration, 4, 1e-3)
     assert shown.bar is not None and shown.bar.n == 5

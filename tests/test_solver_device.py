@@ -199,10 +199,10 @@ def test_path_network_moves_between_devices():
 def test_callback_analyses_on_cuda_or_else_on_the_cpu():
     from types import SimpleNamespace
 
-    from lightning_nsv.callbacks.nsv_data import _analysis_device
+    from lightning_nsv.callbacks.nsv_data import module_analysis_device
 
     for device, expected in (("cuda:1", "cuda:1"), ("cpu", "cpu"), ("mps", "cpu"), ("meta", "cpu")):
-        assert _analysis_device(SimpleNamespace(device=torch.device(device))) == torch.device(expected)
+        assert module_analysis_device(SimpleNamespace(device=torch.device(device))) == torch.device(expected)
 
 
 def test_unknown_solver_is_refused():

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_nsv.callbacks.dashboard import VALLEY_LOG_SCALE, valley_charts, with_log10
-from lightning_nsv.callbacks.nsv_checks import _check_integer
-from lightning_nsv.callbacks.psi_rank import _SkipNetworkMonitor, _training_loader
+from lightning_nsv.callbacks.nsv_checks import check_integer
+from lightning_nsv.callbacks.psi_rank import SkipNetworkMonitor, training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
@@ -52,7 +52,7 @@ def declared_loss(pl_module: pl.LightningModule) -> str | None:
     return None
 
 
-class LossValleyMonitor(_SkipNetworkMonitor):
+class LossValleyMonitor(SkipNetworkMonitor):
     """Certificates of Nguyen, Mukkamala & Hein (2019) on a :class:`~lightning_nsv.models.skip.SkipNetwork`.
 
     Every ``every_n_epochs`` training epochs, on the whole training set (rank 0 computes, the numbers are
@@ -172,7 +172,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         for name, value, low in (("path_points", path_points, 2), ("surface_points", surface_points, 2),
                                  ("seed", seed, None)):
             if not is_count(value):
-                _check_integer(name, value, low)  # a TypeError; the ranges follow
+                check_integer(name, value, low)  # a TypeError; the ranges follow
         if path_points < 2:
             raise ValueError(f"`path_points` must be >= 2 (both ends of the path), got {path_points}")
         if surface_points < 0 or surface_points == 1:
@@ -185,7 +185,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
         self._warned_escape = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = _training_loader(self, trainer, self.batch_size)
+        loader = training_loader(self, trainer, self.batch_size)
         n, m = len(loader.dataset), pl_module.num_units
         if 8 * n * m > self.max_memory_bytes:  # checked on every rank, so that all of them stop
             raise ValueError(
@@ -219,7 +219,7 @@ class LossValleyMonitor(_SkipNetworkMonitor):
             )
 
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
-        loader = _training_loader(self, trainer, self.batch_size)
+        loader = training_loader(self, trainer, self.batch_size)
         psi, y = pl_module.psi(loader), self._targets.to(pl_module.device)
         check_finite(psi, "psi")
         V, b = (t.detach().to(torch.float64) if t is not None else None for t in pl_module.output_weights())

@@ -14,28 +14,26 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from lightning_nsv.callbacks.nsv_checks import (ZeroErrorChecks, _check_arguments, _check_head_fits_classes,
-                                                _first_non_finite_parameter)
-from lightning_nsv.callbacks.dashboard import log_scalars
-from lightning_nsv.callbacks.nsv_data import (_say_no_training_batches, _train_dataset, _trains_on_part,
-                                            _val_dataset)
-from lightning_nsv.callbacks.nsv_outputs import AnalysisOutputs, _register_hparams
-from lightning_nsv.callbacks.nsv_scope import ScopeChoice, _example_inputs
+from lightning_nsv.analysis.whole_network_budget import DEFAULT_TIME_BUDGET
+from lightning_nsv.callbacks.dashboard import HEADLINE, log_scalars, nsv_charts
+from lightning_nsv.callbacks.nsv_checks import WarnOnce, check_arguments, check_head_fits_classes, first_non_finite_parameter
+from lightning_nsv.callbacks.nsv_data import (distributed, say_no_training_batches, skips_epoch, train_dataset,
+                                              trains_on_part, val_dataset)
+from lightning_nsv.callbacks.nsv_outputs import Reporter, register_nsv_hparams
+from lightning_nsv.callbacks.nsv_scope import check_cost, choose, embed_all, patterns_changed
 from lightning_nsv.callbacks.sinks import check_writable_folder
-from lightning_nsv.scope.outputs import module_inputs
+from lightning_nsv.callbacks.zero_error import ZeroErrorMonitor
 from lightning_nsv.compat import Callback, check_same_package, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.analysis.binary import SupportVectorAnalysis
-from lightning_nsv.analysis.whole_network_budget import DEFAULT_TIME_BUDGET
 from lightning_nsv.kernel.gram_cache import InputGramCache
 from lightning_nsv.kernel.sharded import ColumnSharing
-from lightning_nsv.scope import AnalysisOptions, Scope
+from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.scope import AnalysisOptions, Scope, ScopeRequest, find_head
 
 __all__ = ["NetworkSupportVectors"]
 
 
-class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callback):
+class NetworkSupportVectors(Callback):
     """Fits the max-margin classifier in path space once the network reaches zero training error.
 
     At the end of every ``every_n_epochs``-th training epoch the callback checks Assumption 1 of Snyder &
@@ -180,11 +178,11 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         image_shape: Sequence[int] | None = None,
         time_budget: float | None = DEFAULT_TIME_BUDGET,
     ) -> None:
-        _check_arguments(every_n_epochs=every_n_epochs, probe_size=probe_size, stop_on_zero_error=stop_on_zero_error,
-                         intercept=intercept, C=C, delta=delta, kernel=kernel, max_dense_bytes=max_dense_bytes,
-                         path_module=path_module, embedding=embedding, batch_size=batch_size, save_dir=save_dir,
-                         max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope,
-                         image_shape=image_shape, time_budget=time_budget)
+        check_arguments(every_n_epochs=every_n_epochs, probe_size=probe_size, stop_on_zero_error=stop_on_zero_error,
+                        intercept=intercept, C=C, delta=delta, kernel=kernel, max_dense_bytes=max_dense_bytes,
+                        path_module=path_module, embedding=embedding, batch_size=batch_size, save_dir=save_dir,
+                        max_images=max_images, seed=seed, multiclass=multiclass, solver=solver, scope=scope,
+                        image_shape=image_shape, time_budget=time_budget)
         self.scope, self.image_shape = scope, None if image_shape is None else tuple(int(n) for n in image_shape)
         self.multiclass, self.solver, self.kernel, self.time_budget = multiclass, solver, kernel, time_budget
         self.max_dense_bytes, self.every_n_epochs, self.probe_size = max_dense_bytes, every_n_epochs, probe_size
@@ -194,21 +192,17 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.batch_size, self.save_dir, self.max_images, self.seed = batch_size, save_dir, max_images, seed
         self.zero_error_epoch: int | None = None
         self.metrics: dict[str, float] = {}
-        self.analysis: SupportVectorAnalysis | None = None
+        self.analysis: Any = None
         self.result_path: Path | None = None  # the .pt of the last analysis (rank 0)
         self.history: list[dict[str, float]] = []
-        self._hard: list[int] = []
         self._previous_support: list[int] = []
-        self._scope: Scope | None = None  # what is analysed, chosen once on the first training samples (nsv_scope)
-        self._kept: list[tuple[Tensor, Tensor]] = []
-        self._warned: set[str] = set()
-        self._diverged = False
-        self._epoch: int | None = None
         self._previous_patterns: Tensor | None = None
-        self._mismatch: str | None = None  # the zero-error pass's head check, until the ranks agree on it
-        self._label_range: tuple[Any, Any] = (None, None)  # this rank's smallest and largest label at zero error
-        self._single_class: Any = None  # the one class of a training set that has only one
+        self._epoch: int | None = None
         self._train_started = False
+        self._scope: Scope | None = None  # what is analysed, chosen once on the first training samples
+        self._warn = WarnOnce()
+        self._monitor = ZeroErrorMonitor(batch_size, probe_size, seed, self._warn)
+        self._reporter = Reporter(save_dir, max_images, self.image_shape)
         # rows of X Xᵀ of the last support, reused by a repeated analysis (8·m·s bytes; not checkpointed)
         self._gram_cache = InputGramCache()
 
@@ -220,15 +214,22 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
                                time_budget=self.time_budget)
 
     @property
+    def request(self) -> ScopeRequest:
+        """What the arguments ask to analyse."""
+        return ScopeRequest(self.scope, self.path_module, self.embedding)
+
+    @property
     def state_key(self) -> str:
         return self._generate_state_key(intercept=self.intercept, path_module=self.path_module)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         check_same_package(trainer, self)
-        self._train_started, self._single_class = False, None
+        self._train_started, self._scope = False, None
+        self._monitor.reset()
         if self.save_dir is not None:
             check_writable_folder(self.save_dir, f"NetworkSupportVectors: `save_dir={str(self.save_dir)!r}`")
-        self._check_head_named(pl_module)
+        if self.request.names_head:
+            find_head(pl_module, self.request)  # refused here, before any data, where it is not there
         datamodule = trainer.datamodule
         self._settle_scope(trainer, pl_module, getattr(datamodule, "train_dataset", None) if datamodule else None)
 
@@ -237,8 +238,8 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         the start of training or of the analysis), and check the analysed part's outputs against the classes."""
         if self._scope is not None or dataset is None or not len(dataset):
             return
-        self._choose_scope(pl_module, module_inputs(pl_module, _example_inputs(dataset)))
-        _check_head_fits_classes(self._scope, trainer.datamodule)
+        self._scope = choose(pl_module, dataset, self.request, self.options)
+        check_head_fits_classes(self._scope, trainer.datamodule)
         if self._scope.num_outputs > 1 and self.intercept:
             raise ValueError(
                 f"{self._scope.name} has {self._scope.num_outputs} outputs: the multi-class analysis is the max-margin "
@@ -260,30 +261,31 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             )
             trainer.should_stop = True
             return
-        dataset = _train_dataset(trainer)
+        dataset = train_dataset(trainer)
         if len(dataset) == 0:
             raise ValueError(
                 "NetworkSupportVectors: the training set is empty, so there is nothing to analyse; check the data "
                 "module's `m`, split and files"
             )
-        if _trains_on_part(trainer):
+        if trains_on_part(trainer):
             rank_zero_warn(
                 f"NetworkSupportVectors: `limit_train_batches={trainer.limit_train_batches}` trains on part of the training set, but zero "
                 f"training error is checked and the SVM fitted on all {len(dataset)} training samples. Pass a "
                 "data module with `m` set to the samples you train on to analyse just those."
             )
         self._settle_scope(trainer, pl_module, dataset)
-        self._check_cost(trainer, pl_module, dataset)
+        check_cost(trainer, self._scope, pl_module, dataset, len(val_dataset(trainer) or ()), self.time_budget,
+                   lambda text: self._reporter.say(trainer, text))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._train_started and trainer.limit_train_batches != 0 and trainer.num_training_batches == 0:
-            _say_no_training_batches(trainer)
+            say_no_training_batches(trainer)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == 0 and batch_idx == 0:
-            self._settle_scope(trainer, pl_module, _train_dataset(trainer))  # fast_dev_run: not at on_train_start
-            self._check_head_is_output(pl_module, batch)
+            self._settle_scope(trainer, pl_module, train_dataset(trainer))  # fast_dev_run: not at on_train_start
+            self._monitor.check_first_batch(self._scope, pl_module, batch)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._should_skip(trainer):
@@ -291,12 +293,12 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self._run_check(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.zero_error_epoch is not None or trainer.fast_dev_run or self._single_class is not None:
+        if self.zero_error_epoch is not None or trainer.fast_dev_run or self._monitor.single_class is not None:
             return  # analysed, skipped, or a training set of one class (said)
-        dataset = _train_dataset(trainer)
-        wrong = self._count_errors(trainer, dataset, pl_module)
+        dataset = train_dataset(trainer)
+        wrong = self._monitor.count_errors(self._scope, trainer, dataset, pl_module)
         epochs = trainer.current_epoch
-        if wrong == 0 and not self._diverged:
+        if wrong == 0 and not self._monitor.diverged:
             rank_zero_warn(
                 f"NetworkSupportVectors: the network has zero training error now that training stopped after "
                 f"{epochs} epochs, but not at an epoch it was checked at (every_n_epochs={self.every_n_epochs}; "
@@ -307,7 +309,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             return
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epochs and not trainer.interrupted:
             advice = ("The network produced non-finite values (see the warning above): fix that first." if
-                      self._diverged else self._duplicates_said(dataset) or "Train longer (resume from the last "
+                      self._monitor.diverged else self._monitor.duplicates_said(self._scope, dataset) or "Train longer (resume from the last "
                       "checkpoint with a larger max_epochs), raise the learning rate or widen the network.")
             rank_zero_warn(
                 f"NetworkSupportVectors: zero training error was not reached within max_epochs={trainer.max_epochs} "
@@ -327,7 +329,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             "zero_error_epoch": self.zero_error_epoch,
             "metrics": dict(self.metrics),
             "history": [dict(h) for h in self.history],
-            "hard": list(self._hard),
+            "hard": list(self._monitor.hard),
             "previous_support": list(self._previous_support),
             "previous_patterns": self._previous_patterns,
         }
@@ -336,7 +338,7 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.zero_error_epoch = state_dict.get("zero_error_epoch")
         self.metrics = dict(state_dict.get("metrics", {}))
         self.history = [dict(h) for h in state_dict.get("history", [])]
-        self._hard = list(state_dict.get("hard", []))
+        self._monitor.hard = list(state_dict.get("hard", []))
         self._previous_support = list(state_dict.get("previous_support", []))
         self._previous_patterns = state_dict.get("previous_patterns")
 
@@ -353,59 +355,64 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
             reached = self._run_check(trainer, pl_module)
         finally:
             self._epoch = None
-        if not reached and self._single_class is None:
-            dataset = _train_dataset(trainer)
-            wrong = self._count_errors(trainer, dataset, pl_module)
+        if not reached and self._monitor.single_class is None:
+            dataset = train_dataset(trainer)
+            wrong = self._monitor.count_errors(self._scope, trainer, dataset, pl_module)
             rank_zero_warn(
                 f"NetworkSupportVectors: the checkpoint's network misclassifies {wrong} of {len(dataset)} training "
                 "samples, so there are no network support vectors; "
-                + (self._duplicates_said(dataset) or "analyse a checkpoint taken at zero training error")
+                + (self._monitor.duplicates_said(self._scope, dataset) or "analyse a checkpoint taken at zero training error")
             )
         return reached
 
+    def dashboard_charts(self) -> tuple[str, dict[str, list[Any]]]:
+        """The "support vectors" category of the custom-scalars layout."""
+        per_class = self._scope is not None and self._scope.num_outputs > 1
+        return nsv_charts("nsv/", per_class=per_class, repeated=not self.stop_on_zero_error)
+
+    def dashboard_headline(self) -> list[str]:
+        """The tags the HParams table shows as its first metric columns."""
+        return [f"nsv/{key}" for key in HEADLINE]
+
     def _should_skip(self, trainer: pl.Trainer) -> bool:
-        return (
-            trainer.sanity_checking
-            or bool(trainer.fast_dev_run)
-            or (self.zero_error_epoch is not None and self.stop_on_zero_error)
-            or ((trainer.current_epoch + 1) % self.every_n_epochs != 0
-                and trainer.current_epoch + 1 != trainer.max_epochs)
-        )
+        return skips_epoch(trainer, self.every_n_epochs, analysed=self.zero_error_epoch is not None
+                           and self.stop_on_zero_error)
 
     def _current_epoch(self, trainer: pl.Trainer) -> int:
         return trainer.current_epoch if self._epoch is None else self._epoch
 
     def _run_check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        dataset = _train_dataset(trainer)
+        dataset = train_dataset(trainer)
         self._settle_scope(trainer, pl_module, dataset)
-        non_finite, net = _first_non_finite_parameter(pl_module), None
+        non_finite, frozen = first_non_finite_parameter(pl_module), None
         if non_finite is None:
             try:
-                net = self._scope.freeze()  # the whole network: traced with the current weights
+                frozen = self._scope.freeze()  # the analysed function with the current weights (traced once)
             except NonFiniteError as err:
                 non_finite = f"the float64 forward of the first training samples is not finite ({err})"
         if non_finite is not None:
-            self._warn_diverged(non_finite, dataset)
+            self._monitor.warn_diverged(non_finite, dataset)
             clean = False
         else:
             with eval_mode(pl_module), torch.no_grad():
-                clean = self._zero_error_here(trainer, dataset, net, pl_module)
+                clean = self._monitor.zero_error_here(self._scope, trainer, dataset, frozen, pl_module,
+                                                      self._current_epoch(trainer))
         reached = trainer.strategy.reduce_boolean_decision(clean, all=True)
-        if not reached or not self._trustworthy(trainer):
+        if not reached or not self._monitor.trustworthy(self._scope, trainer):
             return False
         metrics = None
-        directory = self._output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
-        share = self._shares_columns(trainer, net)
+        directory = self._reporter.output_dir(trainer)  # Trainer.log_dir is a collective: every rank asks for it
+        share = distributed(trainer) and self._scope.shares_columns(self.options)
         if trainer.is_global_zero:
             with ColumnSharing() if share else contextlib.nullcontext() as sharing:
-                metrics = self._analyse(trainer, pl_module, dataset, net, directory, sharing)
+                metrics = self._analyse(trainer, pl_module, dataset, frozen, directory, sharing)
         elif share:  # the other ranks compute their shard of every kernel column block rank 0 asks for
-            self._scope.serve(net, self._embed_all(dataset, pl_module)[0])
+            self._scope.serve(frozen, embed_all(self._scope, dataset, pl_module, self.batch_size)[0])
         metrics = trainer.strategy.broadcast(metrics, src=0)
         if self.zero_error_epoch is None:
             self.zero_error_epoch = self._current_epoch(trainer)
         self._record(metrics, trainer)
-        self._publish(trainer, pl_module, metrics, self._current_epoch(trainer))
+        self._reporter.publish(trainer, pl_module, metrics, self.zero_error_epoch, self._current_epoch(trainer))
         if self.stop_on_zero_error:
             trainer.should_stop = True
         return True
@@ -420,30 +427,41 @@ class NetworkSupportVectors(ScopeChoice, ZeroErrorChecks, AnalysisOutputs, Callb
         self.metrics = metrics
         self.history.append({"epoch": float(self._current_epoch(trainer)), **metrics})
 
-    def _shares_columns(self, trainer: pl.Trainer, net) -> bool:
-        """Under DDP the ranks compute the kernel columns together: the whole network's pair-network columns, and the
-        head's on its binary columns path."""
-        distributed = (trainer.world_size > 1 and torch.distributed.is_available()
-                       and torch.distributed.is_initialized())
-        return distributed and self._scope.shares_columns(self.options)
-
-    def _analyse(self, trainer, pl_module, dataset, net, directory: Path,
+    def _analyse(self, trainer, pl_module, dataset, frozen, directory: Path,
                  sharing: ColumnSharing | None = None) -> dict[str, float]:
-        """Rank 0's analysis: embed the data, fit the max-margin classifier, save, report and plot it."""
-        x_train, y_train, gates = self._embedded_training_set(dataset, pl_module)
-        val = _val_dataset(trainer)
-        x_val, y_val = self._embed_all(val, pl_module) if val is not None and len(val) else (None, None)
-        if x_val is not None and not self._usable_validation(x_val, y_val, x_train.shape[1:]):
+        """Rank 0's analysis: the embedded data (kept by the zero-error pass, with the whole network's gates), the
+        max-margin fit, the result file, the report and the figures."""
+        scope, options, epoch = self._scope, self.options, self._current_epoch(trainer)
+        kept = self._monitor.take_kept()
+        if kept:
+            x_train, y_train = torch.cat([b[0] for b in kept]), torch.cat([b[1] for b in kept])
+            gates = scope.join_gates([b[2] for b in kept])
+        else:
+            (x_train, y_train), gates = embed_all(scope, dataset, pl_module, self.batch_size), None
+        val = val_dataset(trainer)
+        x_val, y_val = (embed_all(scope, val, pl_module, self.batch_size) if val is not None and len(val)
+                        else (None, None))
+        if x_val is not None and not self._monitor.usable_validation(scope, x_val, y_val, x_train.shape[1:]):
             x_val = y_val = None
-        epoch = self._current_epoch(trainer)
-        analysis = self._fit_with_progress(trainer, net, x_train, y_train, x_val, y_val, sharing, epoch, gates)
-        sink = self._save_and_report(trainer, pl_module, directory, analysis, y_train, net, x_train, epoch)
+
+        def fit(say, progress: bool):
+            return scope.analyse(frozen, x_train, y_train, x_val, y_val, options, sharing,
+                                 initial=self._previous_support or None, gates=gates, say=say, progress=progress,
+                                 cache=None if self.stop_on_zero_error else self._gram_cache)  # kept for the next
+
+        self.analysis = analysis = self._reporter.fit_with_progress(trainer, scope.fitting_text(options), len(y_train),
+                                                                    epoch, fit, scope)
+        self.result_path, sink = self._reporter.save_and_report(trainer, pl_module, directory, scope, analysis, frozen,
+                                                                x_train, y_train, options, epoch)
         metrics = analysis.to_metrics()
         if not self.history:  # one HParams session per run: the first analysis registers the metrics
-            _register_hparams(trainer, pl_module, metrics)
-        changed = self._patterns_changed(net, x_train)
-        x_train = x_train.cpu()
+            register_nsv_hparams(trainer, pl_module, metrics)
+        packed = scope.patterns(frozen, x_train)
+        changed = patterns_changed(self._previous_patterns, packed)
+        self._previous_patterns = packed if packed is not None else self._previous_patterns
         if changed is not None:
             metrics["patterns_changed"] = float(changed)
-        self._log_figures(trainer, dataset, net, x_train, y_train, analysis, metrics, epoch, sink)
+        self._reporter.log_figures(trainer, dataset, scope, frozen, x_train.cpu(), y_train, analysis, metrics, epoch,
+                                   sink, self.history)
         return {**metrics, "_support": analysis.svm.support_.tolist()}
+

@@ -12,15 +12,15 @@ from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.solver.options import analysis_device
 
 
-def _split_batch(batch: Any) -> tuple[Tensor, Tensor]:
+def split_batch(batch: Any) -> tuple[Tensor, Tensor]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], _label_vector(batch[1])
+        return batch[0], label_vector(batch[1])
     raise TypeError(
         f"batches must be (inputs, labels) tuples for the support-vector analysis, got {type(batch).__name__}"
     )
 
 
-def _label_vector(y: Any) -> Any:
+def label_vector(y: Any) -> Any:
     """Labels of shape ``(n, 1)`` as ``(n,)`` (a label times an output of shape ``(n,)`` would otherwise broadcast to
     ``(n, n)``); other shapes of two or more dimensions (one-hot labels) are refused."""
     if not isinstance(y, Tensor) or y.dim() < 2:
@@ -33,22 +33,22 @@ def _label_vector(y: Any) -> Any:
     )
 
 
-def _gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
+def gather(dataset: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
     """``(inputs, labels)`` of the samples at ``indices``: sliced from in-memory tensors, else item by item."""
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, (tuple, list)) and len(tensors) >= 2:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return tensors[0][index], _label_vector(tensors[1][index])
-    xs, ys = zip(*[_split_batch(dataset[i]) for i in indices])
-    return torch.stack([torch.as_tensor(x) for x in xs]), _label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
+        return tensors[0][index], label_vector(tensors[1][index])
+    xs, ys = zip(*[split_batch(dataset[i]) for i in indices])
+    return torch.stack([torch.as_tensor(x) for x in xs]), label_vector(torch.stack([torch.as_tensor(y) for y in ys]))
 
 
-def _analysis_device(pl_module) -> torch.device:
+def module_analysis_device(pl_module) -> torch.device:
     """Where the float64 analysis runs: the module's device for CUDA, else the CPU (MPS has no float64)."""
     return analysis_device(pl_module.device)
 
 
-def _trains_on_part(trainer: pl.Trainer) -> bool:
+def trains_on_part(trainer: pl.Trainer) -> bool:
     limit = trainer.limit_train_batches
     if isinstance(limit, float):
         return limit < 1.0
@@ -58,7 +58,7 @@ def _trains_on_part(trainer: pl.Trainer) -> bool:
         return False
 
 
-def _train_dataset(trainer: pl.Trainer) -> Dataset:
+def train_dataset(trainer: pl.Trainer) -> Dataset:
     datamodule = trainer.datamodule
     dataset = getattr(datamodule, "train_dataset", None) if datamodule is not None else None
     if dataset is None:
@@ -78,7 +78,7 @@ def _train_dataset(trainer: pl.Trainer) -> Dataset:
     return dataset
 
 
-def _val_dataset(trainer: pl.Trainer) -> Dataset | None:
+def val_dataset(trainer: pl.Trainer) -> Dataset | None:
     datamodule = trainer.datamodule
     dataset = getattr(datamodule, "val_dataset", None) if datamodule is not None else None
     if dataset is None:
@@ -88,7 +88,7 @@ def _val_dataset(trainer: pl.Trainer) -> Dataset | None:
     return dataset
 
 
-def _say_no_training_batches(trainer: pl.Trainer) -> None:
+def say_no_training_batches(trainer: pl.Trainer) -> None:
     """Lightning skips training on a loader without batches, before any hook of this callback runs."""
     datamodule = trainer.datamodule
     loader = trainer.train_dataloader
@@ -104,3 +104,15 @@ def _say_no_training_batches(trainer: pl.Trainer) -> None:
         "not train and there is nothing to analyse: no support-vector analysis ran and no file was written. Check "
         "the data module's `m`, split and files (or `drop_last` with a batch size above the training set's size)."
     )
+
+
+def skips_epoch(trainer: pl.Trainer, every_n_epochs: int, analysed: bool) -> bool:
+    """Whether the epoch that ends is not checked: sanity checks, ``fast_dev_run``, after an analysis that stopped
+    training, and between every ``every_n_epochs``-th epoch (the last one of ``max_epochs`` is checked)."""
+    return (trainer.sanity_checking or bool(trainer.fast_dev_run) or analysed
+            or ((trainer.current_epoch + 1) % every_n_epochs != 0 and trainer.current_epoch + 1 != trainer.max_epochs))
+
+
+def distributed(trainer: pl.Trainer) -> bool:
+    """Whether the ranks of a ``torch.distributed`` group run the fit."""
+    return trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from lightning_nsv.callbacks.dashboard import (PSI_LOG_SCALE, hparams_metrics, log_scalars, psi_charts,
                                               register_hparams, with_log10, write_layout)
-from lightning_nsv.callbacks.nsv_checks import _check_integer
+from lightning_nsv.callbacks.nsv_checks import check_integer
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
@@ -26,7 +26,7 @@ def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> 
         )
 
 
-def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -> DataLoader:
+def training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -> DataLoader:
     """A non-shuffled loader over the whole training set (all ranks' samples): the datamodule's
     ``train_dataset``, else the dataset of the training DataLoader (outside ``fit`` only the former exists)."""
     dataset = getattr(trainer.datamodule, "train_dataset", None) if trainer.datamodule is not None else None
@@ -42,7 +42,7 @@ def _training_loader(callback: Callback, trainer: pl.Trainer, batch_size: int) -
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
 
 
-class _SkipNetworkMonitor(Callback):
+class SkipNetworkMonitor(Callback):
     """The Lightning shell both monitors share: the schedule, the rank-0 computation and its broadcast, the
     logging of the same keys on every rank, figures to TensorBoard and checkpoint state. Subclasses
     implement :meth:`_compute` (rank 0 only) and name the results that have a figure in ``_figures``."""
@@ -54,7 +54,7 @@ class _SkipNetworkMonitor(Callback):
                  prefix: str) -> None:
         for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
                             ("max_memory_bytes", max_memory_bytes)):
-            _check_integer(name, value, 1)  # numpy integers pass, bools do not
+            check_integer(name, value, 1)  # numpy integers pass, bools do not
         if not isinstance(log_figure, (bool, np.bool_)):
             raise TypeError(f"`log_figure` must be True or False, got {log_figure!r} ({type(log_figure).__name__}); "
                             "a string such as 'no' would count as True")
@@ -182,7 +182,7 @@ class _SkipNetworkMonitor(Callback):
 FAST_RETRY_AFTER = 10  # analyses that take the SVD directly after the fast route fell back to it
 
 
-class PsiRankMonitor(_SkipNetworkMonitor):
+class PsiRankMonitor(SkipNetworkMonitor):
     """Logs the numerical rank and spectrum of Ψ (N×M) of a :class:`~lightning_nsv.models.skip.SkipNetwork`.
 
     Every ``every_n_epochs`` training epochs, Ψ is computed over the whole training set (a non-shuffled
@@ -278,11 +278,11 @@ class PsiRankMonitor(_SkipNetworkMonitor):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # on every rank, so that all of them stop rather than wait for rank 0 at the broadcast
-        n = len(_training_loader(self, trainer, self.batch_size).dataset)
+        n = len(training_loader(self, trainer, self.batch_size).dataset)
         check_streaming_memory(n, pl_module.num_units, self.max_memory_bytes)
 
     def _compute(self, trainer: pl.Trainer, pl_module: SkipNetwork) -> dict[str, Any]:
-        loader = _training_loader(self, trainer, self.batch_size)
+        loader = training_loader(self, trainer, self.batch_size)
         n, m = len(loader.dataset), pl_module.num_units
         self._analyses += 1
         route = "full" if self.spectrum == "fast" and self._analyses <= self._svd_until else self.spectrum
