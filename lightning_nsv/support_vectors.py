@@ -13,12 +13,10 @@ from lightning_nsv.analysis.binary import (
 )
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.checks import (
-    available_memory_bytes,
     check_analysis_memory,
     check_dense_fits as _check_dense_fits,
     check_finite_network as _check_finite_network,
     check_finite_samples as _check_finite_samples,
-    check_memory,
     check_samples,
     conflicting_duplicates,
     misclassified_message as _misclassified_message,
@@ -32,6 +30,7 @@ from lightning_nsv.analysis.warm_start import (
     serve_kernel_columns,
 )
 from lightning_nsv.errors import NonFiniteError
+from lightning_nsv.memory import available_memory_bytes, check_memory
 from lightning_nsv.solver.options import KERNEL_MODES, SOLVERS, analysis_device, solver_device
 
 # the decision, made in lightning_nsv.solver.options; kept under this name for existing callers

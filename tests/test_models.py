@@ -343,15 +343,15 @@ def test_a_head_that_does_not_fit_num_classes_is_named(tmp_path):
 
 
 def test_layers_too_large_for_memory_are_refused_with_their_sizes_and_bytes(monkeypatch):
-    import lightning_nsv.analysis.checks as checks
+    import lightning_nsv.memory as memory
 
-    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 24_000_000_000)  # as on the machine
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 24_000_000_000)  # as on the machine
     with pytest.raises(ValueError, match=r"^Linear layers of sizes 64→200000→200000→1 hold 40,013,400,001 parameters, "
                                          r"160,053,600,004 bytes \(160.1 GB\) in torch.float32, more than the 24.0 GB "
                                          r"of memory available; choose narrower layers"):
         LeakyReLUMLP(widths=[200000, 200000])
-    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 900_000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 900_000)
     with pytest.raises(ValueError, match=r"sizes 784→300→10 hold 238,510 parameters, 954,040 bytes"):
         SkipNetwork(net={"in_features": 784, "widths": [300], "out_features": 10, "activation": "sigmoid"})
-    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 2_000_000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2_000_000)
     assert LeakyReLUMLP(in_features=784, widths=[300], num_classes=10).net[-1].out_features == 10

@@ -248,21 +248,21 @@ def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
         network_support_vectors(net, x, y, kernel="auto", intercept=True, max_dense_bytes=100)
     with pytest.raises(ValueError, match="`max_dense_bytes` must be at least 1, got 0"):
         network_support_vectors(net, x, y, max_dense_bytes=0)
-    from lightning_nsv.analysis import checks
+    from lightning_nsv import memory
 
-    original = checks.available_memory_bytes
-    checks.available_memory_bytes = lambda: 1000
+    original = memory.available_memory_bytes
+    memory.available_memory_bytes = lambda: 1000
     try:
         with pytest.raises(ValueError, match="more than the 0.0 GB of memory available; use kernel='columns'"):
             network_support_vectors(net, x, y, kernel="dense")
     finally:
-        checks.available_memory_bytes = original
+        memory.available_memory_bytes = original
 
 
 def test_dense_kernel_on_cuda_must_fit_in_its_free_memory(monkeypatch):
     from lightning_nsv.support_vectors import _check_dense_fits
 
-    monkeypatch.setattr("lightning_nsv.analysis.checks.available_memory_bytes", lambda: 100 * 10**9)
+    monkeypatch.setattr("lightning_nsv.memory.available_memory_bytes", lambda: 100 * 10**9)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**8)  # held by torch, unused
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)

@@ -3,7 +3,6 @@ outputs, a network that misclassifies a training sample, conflicting duplicates,
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any, Iterable
 
 import numpy as np
@@ -12,9 +11,10 @@ from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel.network import PathNetwork
+from lightning_nsv.memory import check_memory
 
-__all__ = ["available_memory_bytes", "check_analysis_memory", "check_finite_network", "check_finite_samples",
-           "check_finite_weights", "check_memory", "check_samples", "check_two_classes", "class_name",
+__all__ = ["check_analysis_memory", "check_finite_network", "check_finite_samples",
+           "check_finite_weights", "check_samples", "check_two_classes", "class_name",
            "conflicting_duplicates", "misclassified_message", "one_class_message"]
 
 
@@ -129,22 +129,6 @@ def check_dense_fits(nbytes: int, m: int, limit: int | None, intercept: bool,
                  limit_name="max_dense_bytes")
 
 
-def check_memory(nbytes: int, need: str, fix: str, device: torch.device = torch.device("cpu"),
-                 limit: int | None = None, limit_name: str = "") -> None:
-    """Refuse, before allocating it, ``nbytes`` above ``limit`` or above the memory available (on ``device`` for
-    CUDA). ``need`` says what the bytes are for, ``fix`` what to do."""
-    if limit is not None and nbytes > limit:
-        raise ValueError(f"{need}, above {limit_name}={limit:,}; {fix} or raise {limit_name}")
-    available = available_memory_bytes()
-    if available is not None and nbytes > available:
-        raise ValueError(f"{need}, more than the {available / 1e9:.1f} GB of memory available; {fix}")
-    if device.type == "cuda":  # formed there; torch's allocator reuses what it holds unused
-        unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        free = torch.cuda.mem_get_info(device)[0] + unused
-        if nbytes > free:
-            raise ValueError(f"{need}, more than the {free / 1e9:.1f} GB free on {device}; {fix}")
-
-
 def check_analysis_memory(net: PathNetwork, m: int, n_val: int = 0, columns: int = 0,
                           device: torch.device = torch.device("cpu")) -> None:
     """Refuse an analysis whose per-sample arrays do not fit, before any of them is allocated: the activation slopes
@@ -165,19 +149,3 @@ def check_analysis_memory(net: PathNetwork, m: int, n_val: int = 0, columns: int
             + (f" and a first block of {columns:,} kernel columns ({block / 1e9:.1f} GB)" if columns else ""))
     check_memory(total, what, "analyse fewer samples (a data module with a smaller `m`, fewer validation samples) "
                  "or a narrower network", device)
-
-
-def available_memory_bytes() -> int | None:
-    """Memory available to new allocations (``MemAvailable`` of ``/proc/meminfo``, else physical pages)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-

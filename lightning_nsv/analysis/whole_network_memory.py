@@ -13,7 +13,7 @@ from lightning_nsv.kernel import PairNetworkColumns, PiecewiseGraph
 from lightning_nsv.kernel.fused import fused_bytes_per_sample
 from lightning_nsv.kernel.pair_network import CACHE_BYTES, MEMORY_BYTES
 from lightning_nsv.solver.protocol import KernelColumns
-from lightning_nsv.analysis.checks import available_memory_bytes
+from lightning_nsv.memory import available_memory_bytes
 
 __all__ = ["BudgetedColumns", "cache_budget", "memory_budget", "memory_estimate"]
 

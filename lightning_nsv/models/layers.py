@@ -78,7 +78,7 @@ def mlp_sequential(
 def check_layers_fit(in_features: int, widths: Sequence[int], out_features: int, bias: bool = True) -> None:
     """Refuse, before torch allocates them, Linear layers whose parameters do not fit in the memory available
     (``widths=[200000, 200000]`` ended in torch's "[enforce fail at alloc_cpu.cpp] … bytes")."""
-    from lightning_nsv.analysis.checks import check_memory  # the core's check; imported here, it imports models
+    from lightning_nsv.memory import check_memory
 
     sizes = [in_features, *widths, out_features]
     count = sum(a * b + (b if bias else 0) for a, b in zip(sizes, sizes[1:]))
