@@ -13,7 +13,6 @@ from lightning_nsv.plotting import (
     decision_grid,
     error_bar_caption,
     image_grid,
-    max_margin_decision,
     plot_agreement,
     plot_decision_boundaries,
     plot_path_weights,
@@ -21,6 +20,7 @@ from lightning_nsv.plotting import (
     plot_unique_patterns,
     short_number,
 )
+from lightning_nsv.kernel.decision import max_margin_decision
 from lightning_nsv.max_margin import max_margin
 from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_signs
 from lightning_nsv.plotting import plt

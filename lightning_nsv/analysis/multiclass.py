@@ -13,12 +13,12 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lightning_nsv.analysis.binary import kernel_to_support
 from lightning_nsv.analysis.bounds import compression_bound
 from lightning_nsv.analysis.checks import (check_analysis_memory, check_finite_network, check_finite_samples,
                                            check_samples, check_two_classes)
 from lightning_nsv.analysis.result import SupportVectorResult, validation_fields, validation_metrics
 from lightning_nsv.kernel.columns import PathKernelColumns
+from lightning_nsv.kernel.decision import kernel_to_support
 from lightning_nsv.kernel.formulas import (check_block_size, forward_with_slopes, output_gram, path_kernel_diagonal,
                                            unique_patterns)
 from lightning_nsv.kernel.inputs import analysis_inputs, as_tensor_on

@@ -35,12 +35,11 @@ from lightning_nsv.plotting.certificates import plot_escape_path, plot_loss_surf
 from lightning_nsv.plotting.runs import (agreement_counts, plot_agreement, plot_jaccard_matrix, plot_support_stability,
                                          plot_sweep, plot_unique_patterns)
 from lightning_nsv.plotting.support import (GridDecisions, alpha_histogram, data_extent, decision_grid, image_grid,
-                                            max_margin_decision, plot_decision_boundaries, plot_max_margin_approach,
-                                            plot_path_weights)
+                                            plot_decision_boundaries, plot_max_margin_approach, plot_path_weights)
 from lightning_nsv.plotting.summary import plot_summary_card, summary_verdict
 
 __all__ = ["CARD_WIDTH", "GridDecisions", "LEGEND_SIZE", "agreement_counts", "alpha_histogram", "data_extent",
-           "decision_grid", "error_bar_caption", "image_grid", "max_margin_decision", "plot_agreement", "plot_axes",
+           "decision_grid", "error_bar_caption", "image_grid", "plot_agreement", "plot_axes",
            "plot_decision_boundaries", "plot_escape_path", "plot_jaccard_matrix", "plot_loss_surface",
            "plot_max_margin_approach", "plot_path_weights", "plot_psi_spectrum", "plot_summary_card",
            "plot_support_stability", "plot_sweep", "plot_unique_patterns", "short_number", "summary_verdict"]

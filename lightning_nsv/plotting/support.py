@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_nsv.kernel.decision import max_margin_decision, signed_labels
 from lightning_nsv.kernel.formulas import forward_with_slopes
 from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.kernel.path_signs import PathSigns, path_signs
 from lightning_nsv.plotting.base import (CARD_WIDTH, LEGEND_SIZE, NEGATIVE, POSITIVE, REGION_NEGATIVE,
                                          REGION_POSITIVE, _subplots)
-from lightning_nsv.analysis.binary import max_margin_decision, signed_labels
 from lightning_nsv.ticks import unicode_log_ticks
 
 
