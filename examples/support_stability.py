@@ -3,7 +3,7 @@
 Trains ``--trials`` seeds (default 3) of one ReLU MLP on the same training samples (``--data-seed`` fixes the split
 and the subset; the seed changes the initialisation and the batch order), each to its first zero-error epoch with
 :class:`~lightning_nsv.callbacks.NetworkSupportVectors`, and compares the saved result files with
-:func:`lightning_nsv.analysis.compare_support_sets` (what ``lightning-nsv compare`` does): s and s/m per run, the
+:func:`lightning_nsv.compare.compare_support_sets` (what ``lightning-nsv compare`` does): s and s/m per run, the
 pairwise Jaccard overlap of the support sets, the core (support vectors in every run) and how many runs share each
 support vector.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from lightning_nsv.analysis import SupportSetComparison, compare_support_sets, write_comparison
+from lightning_nsv.compare import SupportSetComparison, compare_support_sets, write_comparison
 from lightning_nsv.experiments import callback_kwargs, example_parser, mlp_point, parse, run_trial, seeds
 
 NAME = "support_stability"

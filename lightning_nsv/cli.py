@@ -285,7 +285,7 @@ def main(args: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["compare"]:  # support sets of result files, not a Trainer command
-        from lightning_nsv.analysis.stability import main as compare
+        from lightning_nsv.compare import main as compare
 
         compare(argv[1:])
         return

@@ -1,4 +1,4 @@
-"""Support sets of several runs compared (``lightning_nsv.analysis.stability``, ``lightning-nsv compare``): against
+"""Support sets of several runs compared (``lightning_nsv.compare``, ``lightning-nsv compare``): against
 python sets on synthetic result files, the refusals, multi-class results, the command and its figures."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.analysis import IncomparableRunsError, compare_support_sets, write_comparison
-from lightning_nsv.analysis.stability import ImagesUnavailable, support_images
+from lightning_nsv.compare import (ImagesUnavailable, IncomparableRunsError, compare_support_sets, support_images,
+                                   write_comparison)
 from lightning_nsv.artifacts import ArtifactMismatchError, save_support_vectors
 from lightning_nsv.path_space import PathNetwork
 from tests.timeouts import timeout_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_nsv.analysis.compare_cli import main
+from lightning_nsv.compare.cli import main
 from tests.test_compare import _digits_runs
 
 

@@ -8,8 +8,6 @@
 - :mod:`~lightning_nsv.analysis.whole_network`: network support vectors of a whole piecewise-linear network
   (DESIGN §2c): :func:`whole_network_support_vectors`, binary and K-class, with the scope of what was analysed;
   :func:`whole_network_cost`, what it will cost, before training.
-- :mod:`~lightning_nsv.analysis.stability`: support sets of several runs on one training set compared — s per
-  run, pairwise Jaccard, the core, how many runs share each sample (``lightning-nsv compare``).
 
 Every result is a frozen dataclass on one base, :class:`~lightning_nsv.analysis.result.AnalysisResult`:
 ``to_metrics()`` (a flat dict of floats, what the callbacks log) and ``report()`` (Markdown).
@@ -17,20 +15,12 @@ Every result is a frozen dataclass on one base, :class:`~lightning_nsv.analysis.
 from lightning_nsv.analysis.psi import psi_spectrum, psi_spectrum_streaming
 from lightning_nsv.analysis.psi_result import PsiSpectrum
 from lightning_nsv.analysis.result import AnalysisResult
-from lightning_nsv.analysis.stability import (
-    ImagesUnavailable,
-    IncomparableRunsError,
-    SupportSetComparison,
-    compare_support_sets,
-    write_comparison,
-)
 from lightning_nsv.analysis.whole_network import (TimeBudgetError, WholeNetworkAnalysis, WholeNetworkMulticlassAnalysis,
                                                   whole_network_cost, whole_network_support_vectors)
 from lightning_nsv.analysis.valley import (Assumption31Checks, EscapePath, Lemma21Certificate, LossSurface,
                                            assumption31_checks, escape_path, lemma21_certificate, loss_surface_2d)
 
-__all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "ImagesUnavailable", "IncomparableRunsError",
-           "Lemma21Certificate", "LossSurface", "PsiSpectrum", "SupportSetComparison", "assumption31_checks",
-           "compare_support_sets", "escape_path", "lemma21_certificate", "loss_surface_2d", "psi_spectrum",
-           "psi_spectrum_streaming", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis",
-           "whole_network_cost", "whole_network_support_vectors", "write_comparison", "TimeBudgetError"]
+__all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "Lemma21Certificate", "LossSurface", "PsiSpectrum",
+           "TimeBudgetError", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "assumption31_checks",
+           "escape_path", "lemma21_certificate", "loss_surface_2d", "psi_spectrum", "psi_spectrum_streaming",
+           "whole_network_cost", "whole_network_support_vectors"]

@@ -10,7 +10,7 @@
   only, the SVM only, or both.
 - Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`, error bars captioned by
   :func:`error_bar_caption`.
-- Support sets of several runs (:mod:`lightning_nsv.analysis.stability`): :func:`plot_jaccard_matrix`, and
+- Support sets of several runs (:mod:`lightning_nsv.compare`): :func:`plot_jaccard_matrix`, and
   :func:`plot_support_stability`, the matrix beside how many samples are support vectors in exactly c runs.
 - Ψ and the loss-valley certificates of skip networks (DESIGN §3): :func:`plot_psi_spectrum`,
   :func:`plot_escape_path`, :func:`plot_loss_surface` (the results' ``plot(ax)`` methods).

@@ -1,5 +1,5 @@
 """Figures across runs: sweeps with error bars (Figures 1-5 and 10, Table 6), network/SVM agreement (Table II),
-and the support sets of several runs on one training set (:mod:`lightning_nsv.analysis.stability`)."""
+and the support sets of several runs on one training set (:mod:`lightning_nsv.compare`)."""
 from __future__ import annotations
 
 from typing import Any, Sequence

@@ -1,4 +1,4 @@
-"""Support sets of several runs on one training set, compared (the core of :mod:`lightning_nsv.analysis.stability`).
+"""Support sets of several runs on one training set, compared (the core of :mod:`lightning_nsv.compare`).
 
 Runs of one network on one training set that differ in their initialisation (or optimiser, width, …) can have
 support sets of similar size that share few samples. :func:`compare_support_sets` loads result files
@@ -13,8 +13,8 @@ correctly. Multi-class results count a sample as a support vector when any of it
 Cost: the files are loaded whole (module weights included); the comparison itself takes O(k·m) time and memory
 for k runs of m training samples (a k×m membership table).
 
-Files, figures and the image grid: :mod:`~lightning_nsv.analysis.stability_images`; the command line:
-:mod:`~lightning_nsv.analysis.compare_cli`. No Lightning import here.
+Files, figures and the image grid: :mod:`~lightning_nsv.compare.outputs`; the command line:
+:mod:`~lightning_nsv.compare.cli`. No Lightning import here.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``lightning-nsv compare``: the command line of :mod:`lightning_nsv.analysis.stability`."""
+"""``lightning-nsv compare``: the command line of :mod:`lightning_nsv.compare`."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from lightning_nsv.analysis.stability_images import write_comparison
-from lightning_nsv.analysis.support_sets import IMAGE_COUNT, LOADER_ARGS, SupportSetComparison, compare_support_sets
+from lightning_nsv.compare.outputs import write_comparison
+from lightning_nsv.compare.support_sets import IMAGE_COUNT, LOADER_ARGS, SupportSetComparison, compare_support_sets
 
 
 def main(argv: Sequence[str] | None = None) -> SupportSetComparison:

@@ -1,6 +1,6 @@
 """What a comparison of support sets writes (:func:`write_comparison`: CSVs, report, figures) and the most frequent
 support vectors as images (:func:`support_images`, which rebuilds the runs' data module: the only part of
-:mod:`lightning_nsv.analysis.stability` that reads data; the figures are drawn by :mod:`lightning_nsv.plotting`)."""
+:mod:`lightning_nsv.compare` that reads data; the figures are drawn by :mod:`lightning_nsv.plotting`)."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from lightning_nsv.analysis.support_sets import IMAGE_COUNT, ImagesUnavailable, SupportSetComparison, _label
+from lightning_nsv.compare.support_sets import IMAGE_COUNT, ImagesUnavailable, SupportSetComparison, _label
 from lightning_nsv.atomic import save_figure, write_text
 
 
