@@ -12,7 +12,7 @@ by its mean diagonal ``c`` first; α and ``C`` are reported for the raw kernel (
 and the solution is checked for margin violations.
 
 The solver reads kernels only through :class:`~lightning_nsv.solver.protocol.KernelColumns`; a dense matrix or a
-function of column indices is wrapped into an adapter here, once (:func:`~lightning_nsv.solver.protocol.
+function of column indices is wrapped into an adapter by the facade, once (:func:`~lightning_nsv.solver.protocol.
 as_kernel_columns`).
 
 The facade :func:`max_margin`, :func:`pair_max_margin` is :mod:`~lightning_nsv.solver.facade`; the K-class pair and
