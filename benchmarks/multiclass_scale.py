@@ -32,8 +32,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nsv_scale import PeakRSS, digits_standin, gib, machine  # noqa: E402
 
-from lightning_nsv.multiclass import multiclass_max_margin, multiclass_support_vectors  # noqa: E402
-from lightning_nsv.path_space import PathKernelColumns, PathNetwork, forward_with_slopes  # noqa: E402
+from lightning_nsv.analysis import multiclass_support_vectors  # noqa: E402
+from lightning_nsv.kernel import PathKernelColumns, PathNetwork, forward_with_slopes  # noqa: E402
+from lightning_nsv.solver import multiclass_max_margin  # noqa: E402
 
 WIDTHS = (16, 16, 16)
 CLASSES = 10
@@ -171,7 +172,7 @@ def main(argv=None) -> None:
         columns = PathKernelColumns(x64[:n], slopes, net.betas, net.gammas)
         diag = np.array([columns.numpy(np.array([i]))[i, 0] for i in range(n)])
         outputs = forward_with_slopes(net, x64[:n])[0].numpy()
-        from lightning_nsv.multiclass import pair_margins
+        from lightning_nsv.solver import pair_margins
 
         margins = pair_margins(outputs, y[:n].numpy())
         runs = {}

@@ -33,9 +33,9 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nsv_scale  # noqa: E402
 
+from lightning_nsv.analysis import network_support_vectors, serve_kernel_columns  # noqa: E402
 from lightning_nsv.extract import find_path_part  # noqa: E402
-from lightning_nsv.sharded import ColumnSharing  # noqa: E402
-from lightning_nsv.support_vectors import network_support_vectors, serve_kernel_columns  # noqa: E402
+from lightning_nsv.kernel import ColumnSharing  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "nsv_ddp.md"
 

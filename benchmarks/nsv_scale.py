@@ -50,19 +50,13 @@ import sklearn
 import torch
 import torch.nn.functional as F
 
+from lightning_nsv.analysis import network_support_vectors
 from lightning_nsv.extract import find_path_part
-from lightning_nsv.max_margin import max_margin
+from lightning_nsv.kernel import (InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel,
+                                  path_kernel_diagonal)
+from lightning_nsv.kernel.formulas import path_norm_squared
 from lightning_nsv.models import LeakyReLUMLP
-from lightning_nsv.support_vectors import network_support_vectors, solver_backend_device
-from lightning_nsv.path_space import (
-    InputGramCache,
-    PathKernelColumns,
-    PathNetwork,
-    forward_with_slopes,
-    path_kernel,
-    path_kernel_diagonal,
-    path_norm_squared,
-)
+from lightning_nsv.solver import max_margin, solver_device
 from threadpoolctl import threadpool_limits
 
 DEFAULT_SIZES = (2_000, 5_000, 10_000, 20_000)
@@ -578,7 +572,7 @@ def compare_main(args, log):
     n = args.repeats
     net_dev, x_dev, xv_dev = net.to(device), x.to(device), x_val.to(device)
     inputs = (net_dev, x_dev, y01.to(device), xv_dev, y_val.to(device))
-    other = "numpy" if solver_backend_device(args.solver, device) is not None else "torch"
+    other = "numpy" if solver_device(args.solver, device) is not None else "torch"
     keys = ("kernel", "exact", "gemm", "svc_default", "svc_strict", "first", "second", "tracked")
     runs = {key: [] for key in keys}
     for k in range(n):

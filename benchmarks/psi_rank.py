@@ -1,10 +1,10 @@
-"""Time σ_min, σ_max, rank and condition number of Ψ: the fast route of :func:`lightning_nsv.psi.psi_spectrum`
+"""Time σ_min, σ_max, rank and condition number of Ψ: the fast route of :func:`lightning_nsv.analysis.psi_spectrum`
 against a full float64 SVD (``torch.linalg.svdvals``) of the same matrix, in the same run.
 
 Cases (float64, CPU):
 
 - ``full rank``, ``rank-deficient``, ``near-deficient``: N×M matrices ``U diag(s) Vᵀ`` with a known spectrum
-  (:func:`lightning_nsv.psi.matrix_with_singular_values`, random orthogonal U, V from signs, permutations and
+  (:func:`lightning_nsv.analysis.matrix_with_singular_values`, random orthogonal U, V from signs, permutations and
   DCTs): s log-spaced 1 .. 1e-6; 70 % of s log-spaced 1 .. 1e-4 and the rest 0; 99 % log-spaced 1 .. 1e-3 and
   1 % at 1e-8 (a gap, above the tolerance);
 - ``skip-rand``: Ψ (N×400) of a random, frozen softplus ``SkipNetwork`` (mode ``skip_rand``) on N Gaussian
@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lightning_nsv.analysis import matrix_with_singular_values, psi_spectrum
+from lightning_nsv.analysis.psi_result import EPS64
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import EPS64, matrix_with_singular_values, psi_spectrum
 
 
 def timed(fn):

@@ -189,7 +189,7 @@ def one_size(args) -> dict:
     """Train, analyse and (small m) compare with the dense kernel, in this process; the record of the size."""
     from lightning_nsv.analysis.whole_network import whole_network_support_vectors
     from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
-    from lightning_nsv.max_margin import max_margin
+    from lightning_nsv.solver import max_margin
 
     torch.set_num_threads(args.threads)
     m = args.child

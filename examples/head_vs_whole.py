@@ -31,15 +31,14 @@ from typing import Any, Sequence
 
 import torch
 
-from lightning_nsv.analysis import whole_network_support_vectors
+from lightning_nsv.analysis import network_support_vectors, whole_network_support_vectors
 from lightning_nsv.compat import Callback, pl
 from lightning_nsv.experiments import make_datamodule, markdown_table, quiet, save_figures, write_csv
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.layers import eval_mode
-from lightning_nsv.plotting.base import LEGEND_SIZE
 from lightning_nsv.models.resnet import ResNetClassifier
-from lightning_nsv.support_vectors import network_support_vectors
+from lightning_nsv.plotting.base import LEGEND_SIZE
 
 NAME = "head_vs_whole"
 TABLE = {"network": "network", "scope": "path space of", "epochs": "epochs", "train_seconds": "train s",

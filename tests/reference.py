@@ -5,7 +5,7 @@ import itertools
 
 import torch
 
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes
+from lightning_nsv.kernel import PathNetwork, forward_with_slopes
 
 
 def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

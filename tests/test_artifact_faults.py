@@ -16,7 +16,7 @@ import torch
 from lightning_nsv import atomic
 from lightning_nsv.artifacts import (FORMAT_VERSION, ArtifactCorruptError, ArtifactMismatchError, content_sha256,
                                      load_support_vectors, network_outputs, reproduce, save_support_vectors)
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel import PathNetwork
 
 STEM = "support_vectors_epoch3"
 UNSAFE_ADVICE = ("weights_only=False", "weights_only set to False", "arbitrary code")
@@ -549,11 +549,11 @@ def test_concurrent_saves_and_loads_of_one_result_never_mix_two_saves(tmp_path):
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
     """A small MLP trained (plain torch) to zero error on 8×8 digits, analysed and saved as the callback does."""
+    from lightning_nsv.analysis import network_support_vectors
     from lightning_nsv.artifacts import class_path, plain
     from lightning_nsv.datamodules import DigitsDataModule
     from lightning_nsv.extract import find_path_part
     from lightning_nsv.models import LeakyReLUMLP
-    from lightning_nsv.support_vectors import network_support_vectors
 
     torch.manual_seed(0)
     data = DigitsDataModule(m=120, seed=0)

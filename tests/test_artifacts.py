@@ -12,7 +12,7 @@ import torch
 
 from lightning_nsv.artifacts import FORMAT_VERSION, ArtifactMismatchError, load_support_vectors, save_support_vectors
 from lightning_nsv.atomic import torch_save, write_text
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel import PathNetwork
 from tests.timeouts import timeout_for
 
 KILLED_WRITER = textwrap.dedent("""

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_nsv.artifacts import ArtifactMismatchError, save_support_vectors
 from lightning_nsv.compare import (ImagesUnavailable, IncomparableRunsError, compare_support_sets, support_images,
                                    write_comparison)
-from lightning_nsv.artifacts import ArtifactMismatchError, save_support_vectors
-from lightning_nsv.path_space import PathNetwork
+from lightning_nsv.kernel import PathNetwork
 from tests.timeouts import timeout_for
 
 DIGITS = "lightning_nsv.datamodules.digits.DigitsDataModule"

@@ -12,8 +12,8 @@ from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl, submodule
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.extract import find_path_part
+from lightning_nsv.kernel import forward_with_slopes, path_kernel
 from lightning_nsv.models.conv_fc import ConvFCNet
-from lightning_nsv.path_space import forward_with_slopes, path_kernel
 from tests.reference import materialise_phi, materialise_wbar
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"

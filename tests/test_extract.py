@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from lightning_nsv.extract import UnsupportedNetworkError, find_path_part
+from lightning_nsv.kernel import forward_with_slopes
 from lightning_nsv.models import LeakyReLUFamily, LeakyReLUMLP
-from lightning_nsv.path_space import forward_with_slopes
 
 
 def head_output(part, x):

@@ -5,25 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.plotting import (
-    CARD_WIDTH,
-    agreement_counts,
-    alpha_histogram,
-    data_extent,
-    decision_grid,
-    error_bar_caption,
-    image_grid,
-    plot_agreement,
-    plot_decision_boundaries,
-    plot_path_weights,
-    plot_sweep,
-    plot_unique_patterns,
-    short_number,
-)
+from lightning_nsv.kernel import PathNetwork, forward_with_slopes, path_kernel, path_signs
 from lightning_nsv.kernel.decision import max_margin_decision
-from lightning_nsv.max_margin import max_margin
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_signs
-from lightning_nsv.plotting import plt
+from lightning_nsv.plotting import (CARD_WIDTH, agreement_counts, alpha_histogram, data_extent, decision_grid,
+                                    error_bar_caption, image_grid, plot_agreement, plot_decision_boundaries,
+                                    plot_path_weights, plot_sweep, plot_unique_patterns, plt, short_number)
+from lightning_nsv.solver import max_margin
 from lightning_nsv.ticks import power_of_ten
 from tests.reference import materialise_phi
 from tests.timeouts import timeout_for
@@ -184,8 +171,8 @@ def test_power_of_ten_labels(value, text):
 
 
 def test_log_axes_of_the_figures_need_no_mathtext():
+    from lightning_nsv.analysis import psi_spectrum
     from lightning_nsv.plotting import plot_max_margin_approach
-    from lightning_nsv.psi import psi_spectrum
 
     spectrum = psi_spectrum(torch.randn(40, 60, dtype=torch.float64) @ torch.diag(
         torch.logspace(0, -6, 60, dtype=torch.float64)), spectrum="full")
@@ -267,9 +254,9 @@ def test_figures_render_to_rgb_for_image_loggers():
 
 def test_every_legend_is_large_enough_to_read():
     """Legends of 7-8 points could not be read on TensorBoard's image card."""
+    from lightning_nsv.analysis import psi_spectrum
     from lightning_nsv.analysis.valley import escape_path, loss_surface_2d
     from lightning_nsv.plotting import LEGEND_SIZE, plot_max_margin_approach
-    from lightning_nsv.psi import psi_spectrum
 
     net = _network(True, seed=3)
     x, y, svm = _separable_by_network(net, seed=4)

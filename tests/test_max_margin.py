@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.svm import SVC
 
-from lightning_nsv.max_margin import NotSeparableError, max_margin
+from lightning_nsv.solver import NotSeparableError, max_margin
 
 # Hand-solved: w ∝ (1, -1); the constraints of (2, 0) and (0, 2) are active, w = (1/2, -1/2), α = 1/4 each.
 HAND_X = np.array([[2.0, 0.0], [0.0, 2.0], [3.0, 0.0], [0.0, 3.0], [4.0, 1.0]])
@@ -170,7 +170,7 @@ def test_input_validation_messages():
 
 
 def test_solver_progress_reports_every_iteration_and_changes_nothing():
-    from lightning_nsv.max_margin import solver_progress
+    from lightning_nsv.solver import solver_progress
 
     g = np.random.default_rng(3)
     x = g.normal(size=(60, 5))

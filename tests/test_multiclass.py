@@ -7,19 +7,13 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
+from lightning_nsv.analysis import (centred_gram, multiclass_decision, multiclass_support_vectors,
+                                    network_support_vectors)
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.max_margin import NotSeparableError, max_margin
-from lightning_nsv.multiclass import (
-    centred_gram,
-    multiclass_decision,
-    multiclass_max_margin,
-    multiclass_support_vectors,
-    one_vs_rest_max_margin,
-    output_gram,
-    pair_margins,
-)
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes, path_kernel, path_norm_squared, path_signs
-from lightning_nsv.support_vectors import network_support_vectors
+from lightning_nsv.kernel import PathNetwork, forward_with_slopes, path_kernel, path_signs
+from lightning_nsv.kernel.formulas import output_gram, path_norm_squared
+from lightning_nsv.solver import (NotSeparableError, max_margin, multiclass_max_margin, one_vs_rest_max_margin,
+                                  pair_margins)
 from tests.reference import materialise_phi, materialise_wbar
 
 

@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from lightning_nsv.analysis import network_support_vectors
 from lightning_nsv.artifacts import load_support_vectors, reproduce
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.compat import pl
 from lightning_nsv.datamodules import DigitsDataModule
 from lightning_nsv.extract import UnsupportedNetworkError
+from lightning_nsv.kernel import forward_with_slopes
 from lightning_nsv.models import LeakyReLUMLP
-from lightning_nsv.path_space import forward_with_slopes
-from lightning_nsv.support_vectors import network_support_vectors
 
 
 class UserClassifier(pl.LightningModule):
@@ -479,7 +479,7 @@ def test_a_ten_class_head_gets_the_multiclass_analysis(tmp_path):
     metrics = callback.metrics
     assert sum(metrics[f"n_support_class{k}"] for k in range(10)) == metrics["n_support"] > 0
     assert 0 < metrics["margin_ratio"] <= 1 and metrics["kkt_residual"] < 1e-9
-    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis import multiclass_support_vectors
     from lightning_nsv.extract import find_path_part
 
     part = find_path_part(model)

@@ -11,19 +11,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from lightning_nsv.kernel import (
-    NotPiecewiseLinearError,
-    PairNetworkColumns,
-    compute_gates,
-    output_gram,
-    path_norm_squared,
-    scope_summary,
-    trace,
-    unique_patterns,
-)
+from lightning_nsv.kernel import (NotPiecewiseLinearError, PairNetworkColumns, compute_gates, output_gram, path_kernel,
+                                  path_norm_squared, scope_summary, trace, unique_patterns)
 from lightning_nsv.kernel.rules import Linear
 from lightning_nsv.models.layers import LeakyReLUFamily, mlp_sequential
-from lightning_nsv.path_space import path_kernel
 from tests.pair_reference import output_phi, shared_paths
 
 TOL = 1e-12
@@ -557,7 +548,7 @@ def test_channel_collapse_equals_plain_pair_network(case):
 
 
 def test_columns_drive_the_max_margin_solver_like_a_dense_kernel():
-    from lightning_nsv.max_margin import max_margin
+    from lightning_nsv.solver import max_margin
     torch.manual_seed(0)
     module = CASES["batchnorm_maxpool"][0]()
     x = inputs((1, 8, 8), n=40, seed=3)

@@ -7,10 +7,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_nsv.analysis.whole_network import serve_whole_network_columns, whole_network_support_vectors
-from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
+from lightning_nsv.kernel import ColumnSharing, PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.models.residual import SmallResNet
-from lightning_nsv.sharded import ColumnSharing
 from tests.test_pair_network import inputs, randomise_bn
 from tests.test_sharded import _free_port
 from tests.test_whole_network import two_classes

@@ -1,17 +1,9 @@
 import pytest
 import torch
 
+from lightning_nsv.kernel import PathNetwork, forward_with_slopes, path_kernel, path_kernel_diagonal, path_signs
+from lightning_nsv.kernel.formulas import path_norm_squared, slopes, unique_patterns
 from lightning_nsv.models.layers import mlp_sequential
-from lightning_nsv.path_space import (
-    PathNetwork,
-    forward_with_slopes,
-    path_kernel,
-    path_kernel_diagonal,
-    path_norm_squared,
-    path_signs,
-    slopes,
-    unique_patterns,
-)
 from tests.reference import materialise_phi, materialise_wbar
 
 BETAS = [0.0, 0.1, -1.0, 1.0]

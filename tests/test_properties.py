@@ -17,17 +17,11 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
-from lightning_nsv.max_margin import max_margin
-from lightning_nsv.path_space import (
-    PathNetwork,
-    forward_with_slopes,
-    path_kernel,
-    path_kernel_diagonal,
-    path_norm_squared,
-    path_signs,
-    unique_patterns,
-)
-from lightning_nsv.support_vectors import max_margin_decision, network_support_vectors, signed_labels
+from lightning_nsv.analysis import network_support_vectors
+from lightning_nsv.kernel import (PathNetwork, forward_with_slopes, max_margin_decision, path_kernel,
+                                  path_kernel_diagonal, path_signs, signed_labels)
+from lightning_nsv.kernel.formulas import path_norm_squared, unique_patterns
+from lightning_nsv.solver import max_margin
 from tests.reference import exhaustive_max_margin, materialise_phi, materialise_wbar, reference_forward
 
 # Reproducible by default (derandomized, no example database). NSV_PROPERTY_SCALE=k runs k times as many
@@ -426,17 +420,16 @@ def test_degenerate_margin_sample_is_not_a_support_vector():
 def test_input_gram_cache_serves_exact_rows_through_requests_and_keeps(data, compact_rows, chunk_rows):
     """Random requests (repeats, orders, kept and new rows) and keeps: every row served equals ``X Xᵀ``, kernel
     rows through the cache equal those without it, and a keep holds at most twice the kept rows' memory."""
-    from lightning_nsv import path_space
-    from lightning_nsv.path_space import InputGramCache, PathKernelColumns
+    from lightning_nsv.kernel import InputGramCache, PathKernelColumns, gram_cache, inputs
 
     m, f = data.draw(st.integers(5, 30), label="m"), 3
     x = torch.randn(m, f, dtype=torch.float64, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
     gram = (x @ x.T).numpy()
     slopes = [(torch.arange(m * 2).reshape(m, 2) % 3 == 0).double()]  # one layer of 2 ReLU-type units
-    old_compact, old_chunk = path_space.COMPACT_ROWS, path_space.INPUT_CHUNK_BYTES
-    path_space.COMPACT_ROWS = compact_rows
+    old_compact, old_chunk = gram_cache.COMPACT_ROWS, inputs.INPUT_CHUNK_BYTES
+    gram_cache.COMPACT_ROWS = compact_rows
     if chunk_rows:
-        path_space.INPUT_CHUNK_BYTES = chunk_rows * f * 8
+        inputs.INPUT_CHUNK_BYTES = chunk_rows * f * 8
     try:
         cache = InputGramCache()
         cached = PathKernelColumns(x, slopes, [0.0], [1.0], input_gram_cache=cache)
@@ -455,4 +448,4 @@ def test_input_gram_cache_serves_exact_rows_through_requests_and_keeps(data, com
                 held = cache.samples
                 np.testing.assert_allclose(cache.rows(x, held).numpy(), gram[held.numpy()], rtol=0, atol=1e-12)
     finally:
-        path_space.COMPACT_ROWS, path_space.INPUT_CHUNK_BYTES = old_compact, old_chunk
+        gram_cache.COMPACT_ROWS, inputs.INPUT_CHUNK_BYTES = old_compact, old_chunk

@@ -451,13 +451,3 @@ def test_fast_route_agrees_with_the_svd_on_random_matrices(kind, fast_everywhere
         else:
             assert fast.sigma_min < fast.tolerance
 
-
-def test_the_old_import_paths_name_the_same_objects():
-    import lightning_nsv.analysis as analysis
-    import lightning_nsv.psi as old_psi
-    import lightning_nsv.valley as old_valley
-    from lightning_nsv.analysis import psi_fast, valley
-
-    assert old_psi.psi_spectrum is analysis.psi_spectrum and old_psi.PsiSpectrum is analysis.PsiSpectrum
-    assert old_psi.GRAM_SHIFT is psi_fast.GRAM_SHIFT and old_psi.SMALL_SIDE == 512
-    assert all(getattr(old_valley, name) is getattr(valley, name) for name in old_valley.__all__)

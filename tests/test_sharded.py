@@ -7,9 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lightning_nsv.path_space import PathKernelColumns, forward_with_slopes
-from lightning_nsv.sharded import ColumnSharing, ShardedKernelColumns
-from lightning_nsv.support_vectors import network_support_vectors, serve_kernel_columns
+from lightning_nsv.analysis import network_support_vectors, serve_kernel_columns
+from lightning_nsv.kernel import ColumnSharing, PathKernelColumns, ShardedKernelColumns, forward_with_slopes
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
 from tests.timeouts import timeout_for

@@ -16,11 +16,10 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_nsv.analysis import escape_path, psi_spectrum
 from lightning_nsv.cli import main as cli_main
 from lightning_nsv.experiments import read_csv
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import psi_spectrum
-from lightning_nsv.valley import escape_path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "configs" / "skip_digits_full_rank.yaml"

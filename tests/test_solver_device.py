@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.max_margin import max_margin
-from lightning_nsv.solver.column_store import DeviceColumnStore as _DeviceColumnStore
-from lightning_nsv.solver.column_store import device_q_columns as _device_q_columns
+from lightning_nsv.analysis import network_support_vectors
+from lightning_nsv.kernel import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes
+from lightning_nsv.solver import max_margin
+from lightning_nsv.solver.column_store import (DeviceColumnStore as _DeviceColumnStore,
+                                               device_q_columns as _device_q_columns)
 from lightning_nsv.solver.factor import TorchFreeSet as _DeviceFreeSet
-from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes
-from lightning_nsv.support_vectors import network_support_vectors
 from tests.test_multiclass import random_net as random_multiclass_net
 from tests.test_multiclass import self_labelled as multiclass_labelled
 from tests.test_path_space import random_net
@@ -238,9 +238,9 @@ def test_on_cuda_the_analysis_equals_the_cpu_one():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_public_helpers_take_cuda_tensors():
-    from lightning_nsv.multiclass import multiclass_decision, multiclass_support_vectors, output_gram
-    from lightning_nsv.path_space import path_norm_squared, path_signs
-    from lightning_nsv.support_vectors import max_margin_decision
+    from lightning_nsv.analysis import multiclass_decision, multiclass_support_vectors
+    from lightning_nsv.kernel import max_margin_decision, path_signs
+    from lightning_nsv.kernel.formulas import output_gram, path_norm_squared
 
     net = random_net((8, 6), in_features=5, beta=0.1, bias=True, seed=17)
     x, y = self_labelled(net, 300, seed=17)

@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.max_margin import NotSeparableError, max_margin
+from lightning_nsv.analysis import network_support_vectors
+from lightning_nsv.errors import NonFiniteError
+from lightning_nsv.kernel import (InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel,
+                                  path_kernel_diagonal, signed_labels)
+from lightning_nsv.solver import NotSeparableError, max_margin
 from lightning_nsv.solver.protocol import KernelColumns
-from lightning_nsv.path_space import InputGramCache, PathKernelColumns, PathNetwork, forward_with_slopes, path_kernel
-from lightning_nsv.support_vectors import NonFiniteError, network_support_vectors, signed_labels
 from tests.test_path_space import random_net
 from tests.test_support_vectors import self_labelled
 
@@ -260,17 +262,17 @@ def test_dense_kernel_that_cannot_fit_is_refused_before_allocating():
 
 
 def test_dense_kernel_on_cuda_must_fit_in_its_free_memory(monkeypatch):
-    from lightning_nsv.support_vectors import _check_dense_fits
+    from lightning_nsv.analysis.checks import check_dense_fits
 
     monkeypatch.setattr("lightning_nsv.memory.available_memory_bytes", lambda: 100 * 10**9)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**8)  # held by torch, unused
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
-    _check_dense_fits(2 * 10**9, 16_000, None, False, torch.device("cuda:0"))  # fits in free + unused reserved
+    check_dense_fits(2 * 10**9, 16_000, None, False, torch.device("cuda:0"))  # fits in free + unused reserved
     with pytest.raises(ValueError, match=r"needs 3.0 GB for m=19,000, more than the 2.5 GB free on cuda:0; use "
                                          r"kernel='columns'"):
-        _check_dense_fits(3 * 10**9, 19_000, None, False, torch.device("cuda:0"))
-    _check_dense_fits(3 * 10**9, 19_000, None, False)  # on the CPU the host's memory counts
+        check_dense_fits(3 * 10**9, 19_000, None, False, torch.device("cuda:0"))
+    check_dense_fits(3 * 10**9, 19_000, None, False)  # on the CPU the host's memory counts
 
 
 def test_labels_intercept_and_duplicates_are_refused_clearly():
@@ -301,7 +303,7 @@ def test_solver_on_duplicates_with_opposite_labels_says_not_separable():
 def test_the_converted_copy_leaves_out_features_zero_in_every_sample(bias, beta, cached):
     """Features zero in every training sample (an image's border) are left out of the float64 copy; the columns,
     blocks and shards of rows equal the dense kernel's, with and without an input-Gram cache."""
-    import lightning_nsv.path_space as path_space
+    from lightning_nsv.kernel import inputs
 
     rng = torch.Generator().manual_seed(7)
     x32 = torch.rand(60, 9, generator=rng)
@@ -325,8 +327,8 @@ def test_the_converted_copy_leaves_out_features_zero_in_every_sample(bias, beta,
                                    expected[10:25, idx].T, rtol=1e-14, atol=1e-14 * scale)
     few = x32.clone()
     few[:, [0, 4, 8]] = 1.0  # no feature is zero everywhere: no copy of a subset
-    assert path_space.used_features(few) is few
-    assert path_space.used_features(torch.zeros(3, 4)).shape == (3, 4)  # nothing lit: left as is
+    assert inputs.used_features(few) is few
+    assert inputs.used_features(torch.zeros(3, 4)).shape == (3, 4)  # nothing lit: left as is
     x64 = x32.double()  # float64 inputs are not copied, so keep their width
     kept = PathKernelColumns(x64, slopes, net.betas, net.gammas, bias=bias)._chunks.x
     assert kept.data_ptr() == x64.data_ptr() and kept.shape == x64.shape
@@ -338,7 +340,7 @@ def test_the_converted_copy_leaves_out_features_zero_in_every_sample(bias, beta,
 def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta, cached, copied):
     """Narrower inputs stay as given (above INPUT_COPY_BYTES no float64 copy of the training set): every chunk of
     rows is converted exactly, so the columns and the diagonal equal those of the float64 inputs."""
-    import lightning_nsv.path_space as path_space
+    from lightning_nsv.kernel import inputs
 
     monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 7 * 6 * 8)  # chunks of 7 rows: many, one of them short
     monkeypatch.setattr("lightning_nsv.kernel.columns.INPUT_COPY_BYTES", 80 * 6 * 8 if copied else 80 * 6 * 8 - 1)
@@ -349,8 +351,8 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     outputs64, slopes64 = forward_with_slopes(net, x64)
     np.testing.assert_allclose(outputs.numpy(), outputs64.numpy(), rtol=1e-13, atol=1e-13)
     assert all(torch.equal(a, b) for a, b in zip(layer_slopes, slopes64)) and len(outputs) == 80
-    projection = path_space.random_projection(x32, torch.Generator().manual_seed(0))
-    np.testing.assert_allclose(projection.numpy(), path_space.random_projection(x64, torch.Generator().manual_seed(0)).numpy(),
+    projection = inputs.random_projection(x32, torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(projection.numpy(), inputs.random_projection(x64, torch.Generator().manual_seed(0)).numpy(),
                                rtol=1e-13, atol=1e-13)
     dense = path_kernel(x64, layer_slopes, bias=bias).numpy()
     cache = InputGramCache() if cached else None
@@ -367,21 +369,19 @@ def test_float32_inputs_are_converted_in_chunks_exactly(monkeypatch, bias, beta,
     np.testing.assert_allclose(columns.signed_rows(np.array([3, 4]), y, 1.0, part=part).numpy(),
                                (dense[part, [3, 4]] * y[part, None] * y[[3, 4]][None, :]).T, rtol=1e-14,
                                atol=1e-14 * np.abs(dense).max())
-    np.testing.assert_allclose(path_space.path_kernel_diagonal(x32, layer_slopes, bias=bias).numpy(), np.diag(dense),
+    np.testing.assert_allclose(path_kernel_diagonal(x32, layer_slopes, bias=bias).numpy(), np.diag(dense),
                                rtol=1e-15)
     with pytest.raises(ValueError, match="`part` must be a range of consecutive samples, got a step of 2"):
         columns.signed_rows(np.array([3]), y, 1.0, part=slice(0, 40, 2))
     assert columns.signed_rows(torch.tensor([3]), torch.from_numpy(y), 1.0, part=slice(30, 20)).shape == (1, 0)
-    assert path_space.path_kernel_diagonal(x64, [s.float() for s in layer_slopes], bias=bias).dtype == torch.float64
-    no_hidden = path_space.path_kernel_diagonal(x32, [], dtype=torch.float64)  # a linear network: no slopes
+    assert path_kernel_diagonal(x64, [s.float() for s in layer_slopes], bias=bias).dtype == torch.float64
+    no_hidden = path_kernel_diagonal(x32, [], dtype=torch.float64)  # a linear network: no slopes
     assert no_hidden.dtype == torch.float64 and torch.equal(no_hidden, (x64 * x64).sum(1))
     with pytest.raises(ValueError, match="not exact in the analysis dtype torch.float32"):
         PathKernelColumns(x64, layer_slopes, net.betas, net.gammas, dtype=torch.float32)
 
 
 def test_float32_inputs_give_the_float64_analysis(monkeypatch):
-    import lightning_nsv.path_space as path_space
-
     monkeypatch.setattr("lightning_nsv.kernel.inputs.INPUT_CHUNK_BYTES", 50 * 5 * 8)
     net = random_net((6, 5), in_features=5, beta=0.0, bias=False, seed=4)
     x, y = self_labelled(net, 400, seed=5)
@@ -407,18 +407,18 @@ def test_float32_inputs_give_the_float64_analysis(monkeypatch):
 
 
 def test_finite_check_passes_overflowing_sums_and_names_every_kind_of_bad_value():
-    from lightning_nsv.support_vectors import _check_finite_samples
+    from lightning_nsv.analysis.checks import check_finite_samples
 
-    _check_finite_samples(torch.full((3, 4), 3e38), "training inputs")  # finite values whose float32 sum overflows
+    check_finite_samples(torch.full((3, 4), 3e38), "training inputs")  # finite values whose float32 sum overflows
     for bad in (float("nan"), float("inf"), -float("inf")):
         x = torch.full((3, 4), 3e38)
         x[2, 1] = bad
         with pytest.raises(NonFiniteError, match="training inputs are not finite at sample 2 \\(1 samples in all\\)"):
-            _check_finite_samples(x, "training inputs")
+            check_finite_samples(x, "training inputs")
     x = torch.zeros(5, 2, dtype=torch.float64)
     x[1, 0], x[3, 1] = float("inf"), -float("inf")  # their sum is NaN
     with pytest.raises(NonFiniteError, match="at sample 1 \\(2 samples in all\\)"):
-        _check_finite_samples(x, "training inputs")
+        check_finite_samples(x, "training inputs")
 
 
 def test_gram_among_reads_the_input_gram_of_kept_samples_from_several_blocks():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.path_space import PathKernelColumns, forward_with_slopes, path_kernel, path_kernel_diagonal
+from lightning_nsv.kernel import PathKernelColumns, forward_with_slopes, path_kernel, path_kernel_diagonal
 from lightning_nsv.solver import KernelColumns, max_margin
 from lightning_nsv.solver.options import SolverOptions, plan
 from lightning_nsv.solver.protocol import CallableColumns, DenseColumns, DenseTensorColumns, as_kernel_columns
@@ -98,7 +98,7 @@ def test_the_plan_decides_device_and_backend_in_one_place(device, solver, expect
 
 
 def test_multiclass_says_when_it_cannot_honour_the_torch_solver():
-    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis import multiclass_support_vectors
     from tests.test_multiclass import random_net as multiclass_net
     from tests.test_multiclass import self_labelled as multiclass_labelled
 

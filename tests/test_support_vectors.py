@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_nsv.max_margin import NotSeparableError, max_margin
-from lightning_nsv.path_space import PathNetwork, forward_with_slopes
-from lightning_nsv.support_vectors import compression_bound, network_support_vectors, signed_labels
+from lightning_nsv.analysis import compression_bound, network_support_vectors
+from lightning_nsv.kernel import PathNetwork, forward_with_slopes, signed_labels
+from lightning_nsv.solver import NotSeparableError, max_margin
 from tests.reference import materialise_phi, materialise_wbar
 from tests.test_path_space import random_net
 
@@ -114,7 +114,7 @@ def test_misclassified_training_sample_is_refused():
 
 
 def test_labels_as_arrays_or_lists_give_the_tensor_analysis():
-    from lightning_nsv.support_vectors import max_margin_decision
+    from lightning_nsv.kernel import max_margin_decision
 
     net = random_net((6, 4), in_features=4, seed=21)
     x, y = self_labelled(net, 120, seed=21)
@@ -132,7 +132,7 @@ def test_labels_as_arrays_or_lists_give_the_tensor_analysis():
 @pytest.mark.parametrize("outputs", [1, 3])
 def test_an_analysis_that_cannot_fit_in_memory_is_refused_before_allocating(outputs):
     """A 50,000-wide layer at m = 100,000: 40 GB of slopes; refused with the bytes and their use, before any."""
-    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis import multiclass_support_vectors
 
     net = PathNetwork.from_tensors([torch.randn(50_000, 2), torch.randn(outputs, 50_000)], None, [0.0], [1.0])
     x, y = torch.randn(100_000, 2), torch.arange(100_000) % 2
@@ -161,7 +161,7 @@ def test_report_marks_a_compression_bound_above_one_as_vacuous():
     """A bound above 1 (or inf) says nothing about an error rate: the report says so; one below 1 is left plain."""
     import dataclasses
 
-    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis import multiclass_support_vectors
     from tests.test_multiclass import random_net as multiclass_net, self_labelled as multiclass_labelled
 
     net = random_net((5, 4), in_features=3, seed=3)
@@ -184,7 +184,7 @@ def test_reports_print_tiny_ratios_and_cosines_with_significant_digits():
     """A whole CIFAR network's margin ratio 2.4e-9 and cosine 9e-8 printed as "ratio 0.0000" and "0.0001"."""
     import dataclasses
 
-    from lightning_nsv.multiclass import multiclass_support_vectors
+    from lightning_nsv.analysis import multiclass_support_vectors
     from tests.test_multiclass import random_net as multiclass_net, self_labelled as multiclass_labelled
 
     net = random_net((3, 2), in_features=3, seed=30)

@@ -1,19 +1,12 @@
-"""The loss-valley certificates of lightning_nsv.valley against direct computations and hand-made cases."""
+"""The loss-valley certificates of lightning_nsv.analysis.valley against direct computations and hand-made cases."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_nsv.psi import psi_spectrum
-from lightning_nsv.valley import (
-    assumption31_checks,
-    count_duplicates,
-    escape_path,
-    filter_normalised_direction,
-    lemma21_certificate,
-    loss_surface_2d,
-)
+from lightning_nsv.analysis import (assumption31_checks, count_duplicates, escape_path, filter_normalised_direction,
+                                    lemma21_certificate, loss_surface_2d, psi_spectrum)
 
 
 # ------------------------------------------------------------------------------------------------ Lemma 2.1

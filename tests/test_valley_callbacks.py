@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_nsv.analysis import psi_spectrum
 from lightning_nsv.callbacks.loss_valley import LossValleyMonitor
 from lightning_nsv.callbacks.psi_rank import PsiRankMonitor
 from lightning_nsv.compat import pl
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import psi_spectrum
 
 PSI_KEYS = {f"psi/{k}" for k in ("rank", "sigma_min", "sigma_max", "condition_number", "num_samples", "num_units",
                                  "full_rank")}

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_nsv.analysis import centred_gram, multiclass_support_vectors, network_support_vectors
 from lightning_nsv.analysis.whole_network import (
     NOT_COMPUTED,
     WholeNetworkAnalysis,
@@ -21,11 +22,8 @@ from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.extract import find_path_part
 from lightning_nsv.kernel import NotPiecewiseLinearError, PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel.rules import Linear
-from lightning_nsv.max_margin import NotSeparableError, max_margin
-from lightning_nsv.models.layers import mlp_sequential
-from lightning_nsv.multiclass import centred_gram, multiclass_max_margin, multiclass_support_vectors
-from lightning_nsv.support_vectors import network_support_vectors
-from lightning_nsv.models.layers import eval_mode
+from lightning_nsv.models.layers import eval_mode, mlp_sequential
+from lightning_nsv.solver import NotSeparableError, max_margin, multiclass_max_margin
 from tests.pair_reference import output_phi, shared_paths
 from tests.test_pair_network import Residual, TinyResNet, randomise_bn
 

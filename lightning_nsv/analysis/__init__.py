@@ -1,5 +1,9 @@
 """What a user asks of a trained network, as pure functions and frozen results (no Lightning import).
 
+- :mod:`~lightning_nsv.analysis.binary`: network support vectors of a Linear/Leaky-ReLU network with one output
+  (DESIGN §2), :func:`network_support_vectors`, returning a :class:`SupportVectorAnalysis`; the compression bound
+  in :mod:`~lightning_nsv.analysis.bounds`, the refusals in :mod:`~lightning_nsv.analysis.checks`.
+- :mod:`~lightning_nsv.analysis.multiclass`: the same for K outputs (DESIGN §2b), :func:`multiclass_support_vectors`.
 - :mod:`~lightning_nsv.analysis.psi`: Ψ of a skip network, its extreme singular values and numerical rank
   (DESIGN §3), :func:`psi_spectrum` (the certified fast route: :mod:`~lightning_nsv.analysis.psi_fast`) and
   :func:`psi_spectrum_streaming`, returning a :class:`PsiSpectrum`.
@@ -12,15 +16,26 @@
 Every result is a frozen dataclass on one base, :class:`~lightning_nsv.analysis.result.AnalysisResult`:
 ``to_metrics()`` (a flat dict of floats, what the callbacks log) and ``report()`` (Markdown).
 """
-from lightning_nsv.analysis.psi import psi_spectrum, psi_spectrum_streaming
-from lightning_nsv.analysis.psi_result import PsiSpectrum
+from lightning_nsv.analysis.binary import SupportVectorAnalysis, network_support_vectors
+from lightning_nsv.analysis.bounds import compression_bound
+from lightning_nsv.analysis.checks import check_analysis_memory, conflicting_duplicates
+from lightning_nsv.analysis.multiclass import (MulticlassSupportVectorAnalysis, centred_gram, multiclass_decision,
+                                               multiclass_support_vectors)
+from lightning_nsv.analysis.psi import matrix_with_singular_values, psi_spectrum, psi_spectrum_streaming
+from lightning_nsv.analysis.psi_result import PsiSpectrum, spectrum_summary
 from lightning_nsv.analysis.result import AnalysisResult
+from lightning_nsv.analysis.valley import (Assumption31Checks, EscapePath, Lemma21Certificate, LossSurface,
+                                           assumption31_checks, count_duplicates, escape_path,
+                                           filter_normalised_direction, lemma21_certificate, loss_surface_2d)
+from lightning_nsv.analysis.warm_start import serve_kernel_columns
 from lightning_nsv.analysis.whole_network import (TimeBudgetError, WholeNetworkAnalysis, WholeNetworkMulticlassAnalysis,
                                                   whole_network_cost, whole_network_support_vectors)
-from lightning_nsv.analysis.valley import (Assumption31Checks, EscapePath, Lemma21Certificate, LossSurface,
-                                           assumption31_checks, escape_path, lemma21_certificate, loss_surface_2d)
 
-__all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "Lemma21Certificate", "LossSurface", "PsiSpectrum",
-           "TimeBudgetError", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "assumption31_checks",
-           "escape_path", "lemma21_certificate", "loss_surface_2d", "psi_spectrum", "psi_spectrum_streaming",
-           "whole_network_cost", "whole_network_support_vectors"]
+__all__ = ["AnalysisResult", "Assumption31Checks", "EscapePath", "Lemma21Certificate", "LossSurface",
+           "MulticlassSupportVectorAnalysis", "PsiSpectrum", "SupportVectorAnalysis", "TimeBudgetError",
+           "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis", "assumption31_checks", "centred_gram",
+           "check_analysis_memory", "compression_bound", "conflicting_duplicates", "count_duplicates", "escape_path",
+           "filter_normalised_direction", "lemma21_certificate", "loss_surface_2d", "matrix_with_singular_values",
+           "multiclass_decision", "multiclass_support_vectors", "network_support_vectors", "psi_spectrum",
+           "psi_spectrum_streaming", "serve_kernel_columns", "spectrum_summary", "whole_network_cost",
+           "whole_network_support_vectors"]

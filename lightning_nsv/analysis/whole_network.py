@@ -1,8 +1,8 @@
 """Network support vectors of a whole piecewise-linear network (DESIGN.md §2, §2b, §2c; issue 32).
 
 :func:`whole_network_support_vectors` runs the analysis of
-:func:`~lightning_nsv.support_vectors.network_support_vectors` (one output) or
-:func:`~lightning_nsv.multiclass.multiclass_support_vectors` (``K >= 2`` outputs) on the path kernel of the *whole*
+:func:`~lightning_nsv.analysis.network_support_vectors` (one output) or
+:func:`~lightning_nsv.analysis.multiclass_support_vectors` (``K >= 2`` outputs) on the path kernel of the *whole*
 traced module (convolutions, pooling, BatchNorm in eval, residual sums: :mod:`lightning_nsv.kernel`), not only on a
 Linear/Leaky-ReLU head after a fixed embedding. The results are the existing result classes with the scope of the
 kernel added (:class:`WholeNetworkAnalysis`, :class:`WholeNetworkMulticlassAnalysis`). Memory:
@@ -61,7 +61,7 @@ BUDGET_ADVICE = ("its head after a fixed embedding (network_support_vectors on t
 
 
 class SignsNotComputed:
-    """Stands in for :class:`~lightning_nsv.path_space.PathSigns` where the signs of ``wbar`` are not computed (the
+    """Stands in for :class:`~lightning_nsv.kernel.PathSigns` where the signs of ``wbar`` are not computed (the
     sign DP over layers of DESIGN.md §2 is written for Linear chains only): no metrics, falsy."""
 
     def to_metrics(self) -> dict[str, float]:
@@ -102,7 +102,7 @@ class _Scoped:
 
 @dataclass(frozen=True)
 class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
-    """:class:`~lightning_nsv.support_vectors.SupportVectorAnalysis` of a whole network with one output.
+    """:class:`~lightning_nsv.analysis.SupportVectorAnalysis` of a whole network with one output.
 
     Extra attributes:
         scope: :func:`~lightning_nsv.kernel.scope_summary` as text ("whole network: 5 maps, 4 gate layers, …").
@@ -125,7 +125,7 @@ class WholeNetworkAnalysis(_Scoped, SupportVectorAnalysis):
 
 @dataclass(frozen=True)
 class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
-    """:class:`~lightning_nsv.multiclass.MulticlassSupportVectorAnalysis` of a whole network with ``K >= 2``
+    """:class:`~lightning_nsv.analysis.MulticlassSupportVectorAnalysis` of a whole network with ``K >= 2``
     outputs (exact pair problem); ``scope``, ``scope_counts`` and ``n_hidden`` as :class:`WholeNetworkAnalysis`."""
 
     scope: str = ""
@@ -198,9 +198,9 @@ def whole_network_support_vectors(
     The module is traced in eval mode (its mode, dtype, device and weights are left as they were) into the operation
     table of DESIGN.md §2c; its gates (Leaky-ReLU-family slopes and max-pool selections) come from one float64
     forward. One output: the binary analysis of DESIGN.md §2 (labels 0/1 or ±1), as
-    :func:`~lightning_nsv.support_vectors.network_support_vectors` with ``kernel="columns"``; ``K >= 2`` outputs: the
+    :func:`~lightning_nsv.analysis.network_support_vectors` with ``kernel="columns"``; ``K >= 2`` outputs: the
     exact multi-class pair problem of §2b (labels ``0..K−1``), as
-    :func:`~lightning_nsv.multiclass.multiclass_support_vectors` with ``method="exact"``. On a plain Linear/Leaky-ReLU
+    :func:`~lightning_nsv.analysis.multiclass_support_vectors` with ``method="exact"``. On a plain Linear/Leaky-ReLU
     chain both give the same support, α and metrics as those functions (the kernel takes §1's factorised form).
 
     Differences from the head-only analyses: ``n_hidden`` (the bits of side information per support vector in the
@@ -242,7 +242,7 @@ def whole_network_support_vectors(
         tol: optimality tolerance of the solver.
         scope_name: what ``module`` is, for the scope line (e.g. ``"layers after the trunk `features`"`` when the
             inputs are a fixed embedding's outputs).
-        sharing: a :class:`~lightning_nsv.sharded.ColumnSharing` of the root rank of a ``torch.distributed``
+        sharing: a :class:`~lightning_nsv.kernel.ColumnSharing` of the root rank of a ``torch.distributed``
             group: the solver's kernel columns are computed by every rank on its shard of the rows
             (:class:`~lightning_nsv.kernel.pair_sharded.ShardedPairColumns`; the other ranks run
             :func:`serve_whole_network_columns` on the same module and inputs meanwhile).
@@ -359,7 +359,7 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
                                 group: Any = None, root: int = 0) -> int:
     """The other ranks' side of :func:`whole_network_support_vectors` with ``sharing``: trace the same module,
     fix the gates of the same ``x_train`` and compute this rank's shard of the rows of every block of columns the
-    root asks for, until its :class:`~lightning_nsv.sharded.ColumnSharing` block ends; the number of blocks."""
+    root asks for, until its :class:`~lightning_nsv.kernel.ColumnSharing` block ends; the number of blocks."""
     check_input_shape(module, x_train)
     graph = _trace(module, x_train)
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)

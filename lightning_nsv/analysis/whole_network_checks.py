@@ -122,7 +122,7 @@ def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: 
 
 
 def check_zero_error(x: Tensor, y: Tensor, outputs: Tensor, binary: bool) -> np.ndarray:
-    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.multiclass.pair_margins`);
+    """Margins of the network (binary: ``y·N``, ``(m,)``; K-class: :func:`~lightning_nsv.solver.pair_margins`);
     refuses a training set of one class (``m = 1`` included), and unless every margin is positive (Assumption 1)."""
     check_two_classes(y, 1 if binary else outputs.shape[1])
     if binary:

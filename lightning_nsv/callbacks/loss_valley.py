@@ -8,6 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_nsv.analysis import (Assumption31Checks, LossSurface, assumption31_checks, escape_path,
+                                    lemma21_certificate, loss_surface_2d)
+from lightning_nsv.analysis.psi import check_finite
+from lightning_nsv.analysis.valley import LOG2
 from lightning_nsv.callbacks.dashboard import VALLEY_LOG_SCALE, valley_charts, with_log10
 from lightning_nsv.callbacks.nsv_checks import check_integer
 from lightning_nsv.callbacks.psi_rank import SkipNetworkMonitor, training_loader
@@ -15,17 +19,7 @@ from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import check_finite
 from lightning_nsv.solver.options import check_positive, is_count
-from lightning_nsv.valley import (
-    LOG2,
-    Assumption31Checks,
-    LossSurface,
-    assumption31_checks,
-    escape_path,
-    lemma21_certificate,
-    loss_surface_2d,
-)
 
 
 _CROSS_ENTROPY_NAMES = ("cross_entropy", "crossentropy", "ce", "cross-entropy", "nll", "log_loss")

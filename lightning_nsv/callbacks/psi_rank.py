@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_nsv.analysis import psi_spectrum_streaming, spectrum_summary
+from lightning_nsv.analysis.psi import SMALL_SIDE, SPECTRA, check_streaming_memory
 from lightning_nsv.callbacks.dashboard import (PSI_LOG_SCALE, hparams_metrics, log_scalars, psi_charts,
                                               register_hparams, with_log10, write_layout)
 from lightning_nsv.callbacks.nsv_checks import check_integer
@@ -14,7 +16,6 @@ from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.psi import SMALL_SIDE, SPECTRA, check_streaming_memory, psi_spectrum_streaming, spectrum_summary
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
@@ -192,7 +193,7 @@ class PsiRankMonitor(SkipNetworkMonitor):
     same keys. Skipped during sanity checking and ``fast_dev_run``.
 
     Memory: Ψ takes ``8·N·M`` bytes. Up to ``max_memory_bytes`` Ψ is assembled and σ_min, σ_max and the rank
-    come from :func:`~lightning_nsv.psi.psi_spectrum`: by default (``spectrum="fast"``) without a full SVD
+    come from :func:`~lightning_nsv.analysis.psi_spectrum`: by default (``spectrum="fast"``) without a full SVD
     (Gram matrix, Cholesky, block Krylov with triangular solves, Rayleigh–Ritz with Ψ itself and residual
     certificates; a pivoted Cholesky and a probabilistic bound on the remainder when Ψ is rank-deficient; the full
     SVD whenever a certificate fails; the figure shows the largest and smallest singular values it has), with
@@ -202,7 +203,7 @@ class PsiRankMonitor(SkipNetworkMonitor):
     chunks of Ψ, one pass per chunk) is accumulated in float64 and its singular values, which are Ψ's,
     are taken; only ``min(N, M)²`` float64 plus a buffer of rows that fills the rest of the limit are held.
     Unlike the Gram matrix ΨᵀΨ, R does not square the condition number, so this route keeps the SVD's
-    accuracy and tolerance (see :func:`~lightning_nsv.psi.psi_spectrum_streaming`). If the limit is below
+    accuracy and tolerance (see :func:`~lightning_nsv.analysis.psi_spectrum_streaming`). If the limit is below
     ``16·min(N, M)²`` bytes too, training stops at its start with an error that says so.
 
     **Logged metrics** (``prefix`` defaults to ``"psi/"``), at the end of a training epoch, to ``callback_metrics``

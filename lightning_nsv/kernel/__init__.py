@@ -13,10 +13,17 @@ network with every weight 1 run on ``x ⊙ x'``); ``||wbar||²`` and the output 
 
 Linear/Leaky-ReLU chains keep §1's factorised kernel in the modules beside this one: ``network`` (``PathNetwork``),
 ``formulas`` (the formulas of §1, one short function each), ``inputs``, ``gram_cache``, ``columns``
-(``PathKernelColumns``), ``path_signs`` and ``sharded`` (DDP); ``factored``, ``column_cache`` and ``pair_sharded``
-serve the pair network.
+(``PathKernelColumns``), ``path_signs``, ``decision`` (the max-margin classifier as a function of ``x``) and
+``sharded`` (DDP); ``factored``, ``column_cache`` and ``pair_sharded`` serve the pair network. ``path_norm_squared``,
+``output_gram`` and ``unique_patterns`` exported here read a traced graph and its gates; those of a ``PathNetwork``
+and its slopes are :mod:`~lightning_nsv.kernel.formulas`'s.
 """
+from lightning_nsv.kernel.columns import PathKernelColumns
+from lightning_nsv.kernel.decision import max_margin_decision, signed_labels
+from lightning_nsv.kernel.formulas import forward_with_slopes, path_kernel, path_kernel_diagonal, slopes
 from lightning_nsv.kernel.graph import GateLayer, NotPiecewiseLinearError, PiecewiseGraph, PoolLayer, trace
+from lightning_nsv.kernel.gram_cache import InputGramCache
+from lightning_nsv.kernel.network import PathNetwork
 from lightning_nsv.kernel.pair_network import (
     Gates,
     PairNetworkColumns,
@@ -27,7 +34,11 @@ from lightning_nsv.kernel.pair_network import (
     scope_summary,
     unique_patterns,
 )
+from lightning_nsv.kernel.path_signs import PathSigns, path_signs
+from lightning_nsv.kernel.sharded import ColumnSharing, ShardedKernelColumns
 
-__all__ = ["GateLayer", "Gates", "NotPiecewiseLinearError", "PairNetworkColumns", "PiecewiseGraph", "PoolLayer",
-           "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared", "scope_summary", "trace",
-           "unique_patterns"]
+__all__ = ["ColumnSharing", "GateLayer", "Gates", "InputGramCache", "NotPiecewiseLinearError", "PairNetworkColumns",
+           "PathKernelColumns", "PathNetwork", "PathSigns", "PiecewiseGraph", "PoolLayer", "ScopeSummary",
+           "ShardedKernelColumns", "compute_gates", "forward_with_slopes", "max_margin_decision", "output_gram",
+           "path_kernel", "path_kernel_diagonal", "path_norm_squared", "path_signs", "scope_summary", "signed_labels",
+           "slopes", "trace", "unique_patterns"]

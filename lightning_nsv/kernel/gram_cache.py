@@ -180,7 +180,8 @@ class InputGramCache:
         """The rows of ``slots`` (ascending) as one block: in the first block's memory when they fill at least half
         of it, as after a warm start (no new memory to fault in, no copy of the rows already in place), else new."""
         first = self._blocks[0]
-        in_place = len(first) >= len(slots) >= len(first) / 2
+        capacity = first.untyped_storage().nbytes() // max(1, first.shape[1] * first.element_size())
+        in_place = len(first) >= len(slots) >= capacity / 2  # of its memory: a block compacted before keeps all of it
         kept = first[:len(slots)] if in_place else first.new_empty(len(slots), first.shape[1])
         bounds = torch.searchsorted(slots, torch.tensor(self._starts + [self._next_slot], device=slots.device))
         for start, block, lo, hi in zip(self._starts, self._blocks, bounds[:-1].tolist(), bounds[1:].tolist()):

@@ -308,12 +308,12 @@ class PairNetworkColumns(KernelColumns):
         return out
 
     def __call__(self, idx) -> Tensor:
-        """``K[:, idx]`` (the column function of :func:`~lightning_nsv.max_margin.max_margin`)."""
+        """``K[:, idx]`` (the column function of :func:`~lightning_nsv.solver.max_margin`)."""
         return self.columns_tensor(idx)
 
     def signed_columns(self, idx, signs, scale: float) -> np.ndarray:
         """``Q[:, idx] = (s sᵀ ∘ K)[:, idx] / scale``, float64 numpy in Fortran order (labels ``s`` in ``±1``): the
-        solver's columns, as :class:`~lightning_nsv.path_space.PathKernelColumns` gives them."""
+        solver's columns, as :class:`~lightning_nsv.kernel.PathKernelColumns` gives them."""
         idx = self._index(idx)
         s = torch.as_tensor(np.asarray(signs), dtype=torch.float64, device=self.device)
         q = self.columns_tensor(idx) * s[:, None] * (s[idx] / scale)[None, :]

@@ -1,7 +1,7 @@
 """Pair-network kernel columns shared by the ranks of a ``torch.distributed`` group (issue 32 item 1).
 
-:class:`ShardedPairColumns` is :class:`~lightning_nsv.sharded.ShardedKernelColumns` (the message protocol, the
-root's :class:`~lightning_nsv.sharded.ColumnSharing` block, the serving ranks' loop) for a
+:class:`ShardedPairColumns` is :class:`~lightning_nsv.kernel.ShardedKernelColumns` (the message protocol, the
+root's :class:`~lightning_nsv.kernel.ColumnSharing` block, the serving ranks' loop) for a
 :class:`~lightning_nsv.kernel.PairNetworkColumns`: every rank runs the pair network on its contiguous shard of the
 rows of each block of columns the root's solver asks for, and the shards are gathered on the root. Each entry is
 computed as one process computes it (the same pairs, the same blocks of columns), so the solver sees the same
@@ -33,7 +33,7 @@ class ShardedPairColumns(ShardedKernelColumns):
     def __init__(self, columns: PairNetworkColumns, group: Any = None, root: int = 0) -> None:
         if not isinstance(columns, PairNetworkColumns):
             raise TypeError(f"ShardedPairColumns shares a PairNetworkColumns, got {type(columns).__name__}; for a "
-                            "Linear chain's PathKernelColumns use lightning_nsv.sharded.ShardedKernelColumns")
+                            "Linear chain's PathKernelColumns use lightning_nsv.kernel.ShardedKernelColumns")
         super().__init__(columns, group, root)
 
     def _fingerprint(self) -> Tensor:

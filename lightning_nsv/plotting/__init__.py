@@ -5,7 +5,7 @@
   classifier through the kernel between grid points and the support vectors only), :func:`plot_decision_boundaries`
   draws them side by side.
 - Figures 8-9: :func:`plot_path_weights`, the weights of a small network drawn as a graph coloured by sign, next to
-  the signs of the path weights ``wbar`` (:func:`~lightning_nsv.path_space.path_signs`, no path materialised).
+  the signs of the path weights ``wbar`` (:func:`~lightning_nsv.kernel.path_signs`, no path materialised).
 - Table II: :func:`agreement_counts` and :func:`plot_agreement`, validation samples misclassified by the network
   only, the SVM only, or both.
 - Table 6: :func:`plot_unique_patterns`; Figures 1-5 and 10: :func:`plot_sweep`, error bars captioned by

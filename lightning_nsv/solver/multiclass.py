@@ -25,9 +25,10 @@ from typing import Callable
 import numpy as np
 from torch import Tensor
 
-from lightning_nsv.solver import MaxMarginResult, NotSeparableError, max_margin, pair_max_margin
+from lightning_nsv.solver.facade import max_margin, pair_max_margin
 from lightning_nsv.solver.pair_store import SampleRows
 from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
+from lightning_nsv.solver.result import MaxMarginResult, NotSeparableError
 
 __all__ = ["MulticlassMaxMarginResult", "OneVsRestResult", "class_labels", "multiclass_max_margin",
            "one_vs_rest_max_margin", "pair_margins"]
@@ -145,7 +146,7 @@ def multiclass_max_margin(
 
     Cost: ``m(K − 1)`` dual variables; sample kernel columns are computed once for each sample that has a
     candidate pair (``8·m·s_samples`` bytes). ``structured=True`` (default) solves it with
-    :func:`~lightning_nsv.max_margin.pair_max_margin`: margins from ``f = K[:, S] β`` (``m·s_samples·K`` per
+    :func:`~lightning_nsv.solver.pair_max_margin`: margins from ``f = K[:, S] β`` (``m·s_samples·K`` per
     iteration), plus ``8·|F|²`` bytes for the factor of ``Q_FF``. ``structured=False`` runs the generic
     :func:`max_margin` on pair columns of ``Q``, ``8·m(K − 1)`` bytes per free pair (≈ 20 GB at m = 20,000,
     K = 10): a reference for small problems.

@@ -2,9 +2,9 @@
 
 Every choice that used to be made by each caller — dense kernel or columns on demand, numpy or torch, which device —
 is made by :func:`plan` from a :class:`SolverOptions` and the device the data live on (scikit-learn's
-``fit = self._sparse_fit if self._sparse else self._dense_fit``, once). :func:`~lightning_nsv.support_vectors.
-network_support_vectors`, :func:`~lightning_nsv.multiclass.multiclass_support_vectors` and the
-:class:`~lightning_nsv.callbacks.NetworkSupportVectors` callback call it instead of deciding themselves.
+``fit = self._sparse_fit if self._sparse else self._dense_fit``, once).
+:func:`~lightning_nsv.analysis.network_support_vectors`, :func:`~lightning_nsv.analysis.multiclass_support_vectors`
+and the :class:`~lightning_nsv.callbacks.NetworkSupportVectors` callback call it instead of deciding themselves.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The pairs are ``p = (i, k)``, ``k ≠ y_i`` (sample-major, classes ascending), ``Q_pq = K(x_i, x_j) c_pq / scale`` with
 ``c_pq = <d_p, d_q>``, ``d_p = e_{y_i} − e_k``. All pairs of a sample share its kernel column: :class:`SampleRows`
 computes ``K(x_j, ·)`` once per sample (also for one-vs-rest and the generic pair columns of
-:mod:`lightning_nsv.multiclass`), and :class:`PairStore` answers the active-set solver from those rows.
+:mod:`lightning_nsv.solver.multiclass`), and :class:`PairStore` answers the active-set solver from those rows.
 """
 from __future__ import annotations
 

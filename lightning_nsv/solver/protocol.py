@@ -4,7 +4,7 @@ The solver sees a kernel ``K`` (``m×m``, symmetric, positive semi-definite) onl
 LIBSVM's ``Solver`` sees only a ``QMatrix``: it asks for signed, scaled columns of ``Q = (s sᵀ ∘ K) / scale`` (``s``
 the labels in ±1, ``scale`` the kernel's normalisation) and never asks who provides them. Providers declare that
 they implement it by subclassing (or :meth:`KernelColumns.register`); the kernel side's
-:class:`~lightning_nsv.path_space.PathKernelColumns` and :class:`~lightning_nsv.sharded.ShardedKernelColumns` do.
+:class:`~lightning_nsv.kernel.PathKernelColumns` and :class:`~lightning_nsv.kernel.ShardedKernelColumns` do.
 What :func:`~lightning_nsv.solver.max_margin` accepts besides a provider (a dense matrix, a function of column
 indices) is wrapped once, at the facade, by :func:`as_kernel_columns` into one of the adapters below. Beneath it the
 solver's free set reads ``Q`` through the column store's protocol, :mod:`lightning_nsv.solver.store_protocol`.
