@@ -58,7 +58,7 @@ class NetworkSupportVectors(Callback):
     ``(inputs, labels)`` (labels of shape ``(n,)`` or ``(n, 1)``) with labels 0/1 or ±1 for a network with one
     output (its logit), or class labels ``0..K-1`` for K >= 2 outputs (the class scores): then zero
     training error is ``N_y(x) − max_{k≠y} N_k(x) > 0`` and the reference is the multi-class max-margin
-    classifier of DESIGN §2b (:func:`~lightning_nsv.multiclass.multiclass_support_vectors`), with per-class metrics
+    classifier of DESIGN §2b (:func:`~lightning_nsv.analysis.multiclass_support_vectors`), with per-class metrics
     (``n_support_class<k>``) and a support-vector grid grouped by class.
 
     A non-finite output (a diverged network, NaN/inf in the data) counts as a training error and is named in a

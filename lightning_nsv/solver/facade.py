@@ -77,8 +77,8 @@ def max_margin(
     return _through_origin(columns, y, scale, options, initial, None if device is None else torch.device(device))
 
 
-def _through_origin(columns, y: np.ndarray, scale: float, options: SolverOptions, initial: np.ndarray | None,
-                    device: torch.device | None) -> MaxMarginResult:
+def _through_origin(columns: KernelColumns, y: np.ndarray, scale: float, options: SolverOptions,
+                    initial: np.ndarray | None, device: torch.device | None) -> MaxMarginResult:
     """The active-set solve of the problem through the origin, its columns kept on ``device`` (numpy: ``None``)."""
     store = store_for(columns, y, scale, device)
     with single_threaded_blas():
