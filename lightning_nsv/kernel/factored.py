@@ -10,6 +10,8 @@ max-pool selection indicators (``None``: all ones). The pair input ``x ⊙ x'`` 
   factors are 0/1 masks: ReLU-type gates and selection indicators, :mod:`lightning_nsv.kernel.bitmasks`), then a
   single-channel box filter;
 - a BatchNorm, bias or shift adds a term ``1``; a residual sum joins the terms of its branches;
+- a saturating piece (Hardtanh, clamp) multiplies every ``A_t`` by the slopes and adds the term
+  ``(None, c(x), c(x'))`` of the flat values;
 - a max pool splits every term over the ``k`` units of each window: ``S_t`` at unit ``r``, and ``A_t`` at ``r``
   times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``).
 
@@ -26,6 +28,7 @@ from torch import Tensor
 
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
+from lightning_nsv.kernel.piece_rules import PieceGate, WhereGate
 
 __all__ = ["Terms", "channel_overlap", "run_factored"]
 
@@ -220,9 +223,15 @@ def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
     first = args[0] if args else None
     if summed and isinstance(rule, R.FixedMap) and isinstance(first, Terms) and _channelwise(rule, args, kwargs):
         return _channel_summed(rule, first, args, kwargs, ctx)
+    if isinstance(rule, WhereGate):
+        first = args[rule.position]
     spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
     if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
         return Terms.of(ctx, first).gate(*(ctx.bit_sides(rule.name) or ctx.sides(rule.name)))
+    if isinstance(rule, PieceGate) and spatial:  # the slopes on every factor, the flat values a term of their own
+        (s_first, c_first), (s_second, c_second) = ctx.piece_sides(rule)
+        gated = Terms.of(ctx, first).gate(s_first, s_second)
+        return gated + Terms(ctx, gated.shape, [(None, c_first, c_second)]) if rule.starts else gated
     if isinstance(first, Terms):
         if isinstance(rule, R.Conv) and rule.groups == 1:
             return rule.pair((first.channel_sum(),), kwargs, ctx)
