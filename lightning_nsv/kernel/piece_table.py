@@ -40,7 +40,10 @@ def _bound(classifier, value, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, fx.Node):
-        value, _ = classifier.static_value(value, where)
+        value, learned = classifier.static_value(value, where)
+        if learned:
+            raise refuse(where, "its bound is a learned parameter: the flat value of a saturated unit is a fixed "
+                                "constant in phi, a learned one would belong to wbar", BUFFER, TRUNK)
     value = torch.as_tensor(value, dtype=torch.float64)
     if value.numel() != 1:
         raise refuse(where, "its bounds are tensors of several values (a bound per unit)",
