@@ -286,6 +286,7 @@ class Refused(nn.Module):
     (lambda m, z: z.amax(dim=(1, 2)), "over every dim \\(or several\\)"),
     (lambda m, z: z.amax(0), "over the batch dim"),
     (lambda m, z: z.max(), "over every dim"),
+    (lambda m, z: torch.max(z, m.bound), "elementwise clamp by per-unit bounds"),
     (lambda m, z: F.hardshrink(z), "saturated pieces"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_in_their_own_terms(fn, why):

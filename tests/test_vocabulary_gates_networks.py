@@ -47,6 +47,16 @@ def test_every_operation_in_one_residual_network(outputs):
     everything(scaled(Mixed(outputs), factor=2.0), inputs((1, 6, 6), n=4))
 
 
+def test_the_scope_counts_pieces_as_gate_layers_and_maxouts_as_max_pools():
+    """Hardtanh, ReLU6 and clamp are gate layers (a gate and its flat values), the where gate one, the maxout and the
+    max pool max-pools; every unit's choice counts once."""
+    from lightning_nsv.kernel import scope_summary
+
+    summary = scope_summary(trace(Mixed().eval(), inputs((1, 6, 6))))
+    assert (summary.maps, summary.gate_layers, summary.max_pools) == (5, 4, 2)
+    assert summary.gates == 4 * 36 + 4 * 36 + 2 * 36 + 2 * 36 + 2 * 36 + 2 * 9
+
+
 # ---------------------------------------------------------------------------------------------- choices and ties
 
 

@@ -121,17 +121,13 @@ def vocabulary_rule(classifier, node: fx.Node, where: str, target, dyn: list[boo
 def _condition(classifier, node: fx.Node, where: str, target) -> P.ForwardOnly:
     """``z > 0`` and the like: the condition of a :class:`~lightning_nsv.kernel.piece_rules.WhereGate` (its reader
     checks the form)."""
-    from lightning_nsv.kernel.table import _caller
-
     classifier.conditions.add(node)
-    return P.ForwardOnly(where, _caller(node, classifier.gm))
+    return P.ForwardOnly(where, classifier.caller(node))
 
 
 def _where_gate(classifier, node: fx.Node, where: str) -> P.WhereGate:
     """``torch.where(z > 0, z, a·z)`` and its mirrored forms: a gate of slopes ``(a, 1)`` on ``z``; anything else
     is refused."""
-    from lightning_nsv.kernel.table import _caller
-
     if len(node.args) != 3 or node.kwargs:
         raise refuse(where, f"torch.where is in the table only as a gate {WHERE_FORM}", REWRITE)
     condition, first, second = node.args
@@ -150,7 +146,7 @@ def _where_gate(classifier, node: fx.Node, where: str) -> P.WhereGate:
         raise refuse(where, f"its branches are not the compared value and a copy of it times a constant; torch.where "
                             f"is in the table only as a gate {WHERE_FORM}", REWRITE)
     if isinstance(scaled, fx.Node) and len(scaled.users) == 1:  # read by this gate alone: nothing in the pair network
-        classifier.overrides[scaled.name] = P.ForwardOnly(classifier.where_of(scaled), _caller(scaled, classifier.gm))
+        classifier.overrides[scaled.name] = P.ForwardOnly(classifier.where_of(scaled), classifier.caller(scaled))
     classifier.gates.append((node.name, where, slope, 1.0))
     return P.WhereGate(where, node.name, slope, position)
 
@@ -180,6 +176,10 @@ def _line_max(classifier, node: fx.Node, where: str, target, dyn: list[bool]) ->
                             "input-dependent branches (torch.maximum/minimum) or over one dim of one tensor",
                      f"write torch.maximum / torch.minimum, or {name} over a dim")
     dim = _arg(node, 1, "dim")
+    if isinstance(dim, fx.Node):
+        raise refuse(where, f"{name} of an input-dependent tensor and a constant tensor is an elementwise clamp by "
+                            "per-unit bounds", "clamp with numbers (x.clamp(min=c)), or write torch.maximum / "
+                            "torch.minimum of two input-dependent branches")
     if isinstance(dim, (tuple, list)) and len(dim) == 1:
         dim = dim[0]
     if not isinstance(dim, int) or isinstance(dim, bool):

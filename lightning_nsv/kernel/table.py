@@ -128,6 +128,9 @@ class Classifier:
     def where_of(self, node: fx.Node) -> str:
         return _where(node, self.gm)
 
+    def caller(self, node: fx.Node):
+        return _caller(node, self.gm)
+
     def const(self, target: str):
         value = _attr(self.gm, target)
         if isinstance(value, Tensor):
