@@ -73,13 +73,15 @@ class Maxout(Functional):
 
 
 class WhereGate(nn.Module):
-    """``torch.where`` written as a gate, slope ``a`` a number or a buffer."""
+    """``torch.where`` written as a gate, slope ``a`` a number, a buffer or a learned parameter (as a PReLU's)."""
 
-    def __init__(self, form: str, a: float = 0.2, buffer: bool = False) -> None:
+    def __init__(self, form: str, a: float = 0.2, buffer: bool = False, learned: bool = False) -> None:
         super().__init__()
         self.form = form
         if buffer:
             self.register_buffer("a", torch.tensor(a))
+        elif learned:
+            self.a = nn.Parameter(torch.tensor(a))
         else:
             self.a = a
 
@@ -119,6 +121,7 @@ SATURATING = {
 }
 WHERE = {f"where_{form}": (lambda form=form: WhereGate(form)) for form in ("gt", "ge", "lt", "le", "relu")}
 WHERE["where_buffer"] = lambda: WhereGate("gt", 0.3, buffer=True)
+WHERE["where_learned"] = lambda: WhereGate("lt", -0.4, learned=True)
 MAXOUT = ["view_amax", "view_max_values", "reshape_torch_max", "reshape_torch_amax_keepdim", "channels_keepdim",
           "max_keepdim", "min_view"]
 
