@@ -17,6 +17,7 @@ from lightning_nsv.kernel.path_norm import path_norm_squared
 from lightning_nsv.kernel.piece_rules import HIGH, LINEAR, LOW
 from tests.test_pair_network import (check_against_enumeration, inputs, one_thread, randomise_bn,  # noqa: F401
                                      relative)
+from tests.test_pair_factored import both
 from tests.test_pair_program import TOL, columns, engines_equal_the_plain_network
 
 ENGINES = ("numba", "torch", "reference")
@@ -140,6 +141,10 @@ def everything(module: nn.Module, x: torch.Tensor, fused: bool = True) -> None:
     the compiled program chosen on its own."""
     check_against_enumeration(module, x)
     engines_equal_the_plain_network(module, x, engines=ENGINES if fused else ("auto", "reference"))
+    factored, plain = both(module, x, fast=False)  # the factored network on every block, however small
+    every = list(range(len(x)))
+    assert relative(factored.columns_tensor(every), plain.columns_tensor(every)) < TOL
+    assert relative(factored.diagonal_tensor(), plain.diagonal_tensor()) < TOL
     engine = columns(module, x).engine
     assert engine == "fused pair program (numba)" if fused else engine.startswith("factored torch (not fused"), engine
 

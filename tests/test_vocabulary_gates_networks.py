@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from torch import nn
 
 from lightning_nsv.kernel import compute_gates, trace
 from lightning_nsv.kernel.piece_rules import LINEAR
 from tests.test_pair_network import check_against_enumeration, inputs, one_thread, relative  # noqa: F401
+from tests.test_pair_factored import both
 from tests.test_pair_program import TOL, columns, engines_equal_the_plain_network
 from tests.test_vocabulary_gates import ENGINES, Functional, Lambda, Maxout, WhereGate, everything, scaled
 
@@ -229,7 +230,7 @@ class Random(nn.Module):
             elif act == "relu":
                 h = F.relu(z)
             else:
-                h = z.view(len(z), 2, 2, 4, 4).amax(2)
+                h = z.view(z.size(0), 2, 2, 4, 4).amax(2)
             x = x + h if residual else h
         out = self.head(x.flatten(1))
         return out.squeeze(1) if self.outputs == 1 else out
@@ -244,9 +245,14 @@ def mixed_architectures(draw):
 
 @settings(max_examples=10, deadline=None)
 @given(mixed_architectures())
+@example({"blocks": [("maxout", True, False, True), ("hardtanh", True, True, False)], "outputs": 2, "seed": 1})
+@example({"blocks": [("where", False, False, True), ("relu6", True, True, True)], "outputs": 1, "seed": 2})
+@example({"blocks": [("clamp", True, False, False), ("clamp_min", False, True, True)], "outputs": 2, "seed": 3})
 def test_random_architectures_mixing_the_vocabulary(spec):
     torch.manual_seed(spec["seed"])
     module = scaled(Random(spec), factor=2.0, seed=spec["seed"])
     x = inputs((1, 4, 4), n=3, seed=spec["seed"])
     check_against_enumeration(module, x)
     engines_equal_the_plain_network(module, x, engines=ENGINES)
+    factored, plain = both(module, x, fast=False)
+    assert relative(factored.columns_tensor(range(len(x))), plain.columns_tensor(range(len(x)))) < TOL
