@@ -206,6 +206,38 @@ def test_maxout_of_an_mlp_and_a_max_over_every_class():
     everything(scaled(MLP()), inputs((6,), n=6))
 
 
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_each_operation_in_an_mlp(outputs):
+    """Linear → Hardtanh → Linear → where gate → Linear → ReLU6 → maxout of pairs → Linear (no channel dims)."""
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c, self.d = nn.Linear(6, 5), nn.Linear(5, 4), nn.Linear(4, 6), nn.Linear(3, outputs)
+
+        def forward(self, x):
+            h = self.b(F.hardtanh(self.a(x), -0.4, 0.6))
+            h = F.relu6(4 * self.c(torch.where(h > 0, h, 0.2 * h)))
+            out = self.d(h.view(x.size(0), 3, 2).amax(2))
+            return out.squeeze(1) if outputs == 1 else out
+
+    everything(scaled(MLP()), inputs((6,), n=6))
+
+
+def test_a_max_over_time_of_a_conv1d():
+    """``x.max(dim=-1).values`` of a Conv1d's map (a text CNN's max over time), after a clamp."""
+
+    class Text(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.head = nn.Conv1d(2, 3, 3), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(self.conv(x).clamp(-0.5, 0.5).max(dim=-1).values)
+
+    everything(scaled(Text()), inputs((2, 7), n=6))
+
+
 def test_a_max_over_channels_dropping_the_channel_dim_falls_back_visibly():
     """No compiled form where the channel dim goes and positions stay: the factored torch network, said so."""
 
