@@ -112,6 +112,7 @@ class Lambda(nn.Module):
 SATURATING = {
     "Hardtanh": lambda: nn.Hardtanh(-0.4, 0.5),
     "ReLU6": lambda: nn.ReLU6(),
+    "ReLU6_inplace": lambda: nn.ReLU6(inplace=True),  # in place on a value nothing else reads
     "F.hardtanh": lambda: Lambda(lambda z: F.hardtanh(z, -0.3, 0.2)),
     "F.relu6": lambda: Lambda(F.relu6),
     "torch.clamp": lambda: Lambda(lambda z: torch.clamp(z, min=-0.25, max=0.6)),
@@ -328,6 +329,9 @@ class Refused(nn.Module):
     (lambda m, z: z.max(), "over every dim"),
     (lambda m, z: torch.max(z, m.bound), "elementwise clamp by per-unit bounds"),
     (lambda m, z: F.hardshrink(z), "saturated pieces"),
+    (lambda m, z: z + F.relu6(z, inplace=True), "in place, which another operation also reads"),
+    (lambda m, z: z.clamp_(-1, 1) + z, "in place, which another operation also reads"),
+    (lambda m, z: z * 2 + F.hardtanh(z, -1, 1, True), "in place, which another operation also reads"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_in_their_own_terms(fn, why):
     with pytest.raises(NotPiecewiseLinearError, match=why):

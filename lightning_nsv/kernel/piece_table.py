@@ -51,7 +51,12 @@ def _bound(classifier, value, where: str) -> float | None:
     return float(value)
 
 
-def _piece(node: fx.Node, where: str, lo: float | None, hi: float | None, classifier) -> P.PieceGate:
+def _piece(node: fx.Node, where: str, lo: float | None, hi: float | None, classifier,
+           inplace: bool = False) -> P.PieceGate:
+    source = node.args[0] if node.args else None
+    if inplace and isinstance(source, fx.Node) and len(source.users) > 1:  # the graph reads it unchanged: refuse
+        raise refuse(where, f"it clamps {source.name} in place, which another operation also reads (torch.fx does "
+                            "not see the change)", "clamp out of place (inplace=False, x.clamp instead of x.clamp_)")
     if lo is not None and hi is not None and lo > hi:
         raise refuse(where, f"its lower bound {lo} exceeds its upper bound {hi} (every unit is the upper bound)",
                      "give bounds lo <= hi")
@@ -62,7 +67,7 @@ def _piece(node: fx.Node, where: str, lo: float | None, hi: float | None, classi
 def module_piece(classifier, node: fx.Node, where: str, m: nn.Module) -> P.PieceGate | None:
     """``nn.Hardtanh`` and ``nn.ReLU6`` (a Hardtanh of bounds 0 and 6)."""
     if isinstance(m, nn.Hardtanh):
-        return _piece(node, where, float(m.min_val), float(m.max_val), classifier)
+        return _piece(node, where, float(m.min_val), float(m.max_val), classifier, m.inplace)
     return None
 
 
@@ -81,11 +86,13 @@ def check_readers(classifier, node: fx.Node, where: str) -> None:
 
 def vocabulary_rule(classifier, node: fx.Node, where: str, target, dyn: list[bool]):
     """The rule of a call of the rest of the vocabulary, a refusal in its own terms, or ``None`` (not one)."""
+    inplace = (isinstance(target, str) and target.endswith("_")) or getattr(target, "__name__", "").endswith("_")
     if target in _HARDTANH:
         return _piece(node, where, _bound(classifier, _arg(node, 1, "min_val", -1.0), where),
-                      _bound(classifier, _arg(node, 2, "max_val", 1.0), where), classifier)
+                      _bound(classifier, _arg(node, 2, "max_val", 1.0), where), classifier,
+                      inplace or _arg(node, 3, "inplace", False) is True)
     if target in _RELU6:
-        return _piece(node, where, 0.0, 6.0, classifier)
+        return _piece(node, where, 0.0, 6.0, classifier, inplace or _arg(node, 1, "inplace", False) is True)
     if target in _CLAMP | _CLAMP_MIN | _CLAMP_MAX:
         bounds = [*node.args[1:], *node.kwargs.values()]
         if not dyn[0] or any(isinstance(b, fx.Node) and b in classifier.dynamic for b in bounds):
@@ -99,7 +106,7 @@ def vocabulary_rule(classifier, node: fx.Node, where: str, target, dyn: list[boo
             lo, hi = _arg(node, 1, "min"), _arg(node, 2, "max")
         if lo is None and hi is None:
             raise refuse(where, "it clamps without a bound", "give a bound or drop the clamp")
-        return _piece(node, where, _bound(classifier, lo, where), _bound(classifier, hi, where), classifier)
+        return _piece(node, where, _bound(classifier, lo, where), _bound(classifier, hi, where), classifier, inplace)
     if target in _ABOVE | _BELOW:
         return _condition(classifier, node, where, target)
     if target is torch.where:
