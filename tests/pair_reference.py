@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_nsv.kernel import piece_rules as PR
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.graph import PiecewiseGraph, run
 from lightning_nsv.kernel.linear_vocabulary import ConvTranspose
@@ -134,9 +135,46 @@ def _all_paths(graph: PiecewiseGraph, x: Tensor):
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: values[a.name][1] if a.name in values else None)
         dynamic_value[node.name] = value
         inputs = [a for a in node.all_input_nodes if a.name in graph.dynamic]
-        units_out = value[0].numel()
+        units_out = value[0].numel() if isinstance(value, Tensor) else value[0][0].numel()
         parts = []
-        if isinstance(rule, R.Gate):
+        if isinstance(rule, PR.ForwardOnly):  # read only by a where gate: no paths of its own
+            paths[node.name] = Paths.cat([], n)
+            continue
+        if isinstance(rule, PR.TakeValues):
+            paths[node.name] = paths[inputs[0].name]
+            dynamic_value[node.name] = value[0] if isinstance(value, tuple) else value
+            continue
+        if isinstance(rule, PR.WhereGate):  # the slope of the piece of z, as a Leaky-ReLU gate
+            z = args[rule.position]
+            one = torch.ones_like(z, dtype=torch.float64)
+            slope = torch.where(z >= 0, one, rule.beta * one).reshape(n, -1)
+            edges = torch.stack([torch.arange(units_out)] * 2, 1)
+            parts.append(extend(paths[node.args[rule.position].name], edges, torch.ones(units_out, dtype=torch.float64),
+                                slope))
+        elif isinstance(rule, PR.PieceGate):  # slope 1 in the linear piece; a path start of flat value per unit
+            z = args[0]
+            lo = -float("inf") if rule.lo is None else rule.lo
+            hi = float("inf") if rule.hi is None else rule.hi
+            slope = ((z >= lo) & (z <= hi)).to(torch.float64).reshape(n, -1)
+            zero = torch.zeros_like(z, dtype=torch.float64)
+            flat = torch.where(z < lo, zero + lo, torch.where(z > hi, zero + hi, zero)).reshape(n, -1)
+            edges = torch.stack([torch.arange(units_out)] * 2, 1)
+            parts.append(extend(paths[inputs[0].name], edges, torch.ones(units_out, dtype=torch.float64), slope))
+            if lo not in (0.0, -float("inf")) or hi not in (0.0, float("inf")):
+                parts.append(Paths(torch.arange(units_out), flat, torch.ones(units_out, dtype=torch.float64)))
+        elif isinstance(rule, PR.LineMax):  # an edge from every candidate of the line, 1 where chosen
+            z = args[0]
+            dim = rule.dim
+            index = (torch.min if rule.minimum else torch.max)(z, dim, keepdim=True).indices
+            line = torch.arange(z.shape[dim]).view(*[1] * dim, -1, *[1] * (z.dim() - dim - 1))
+            selected = (index == line).to(torch.float64).reshape(n, -1)
+            in_units = torch.arange(z[0].numel()).view(z.shape[1:])
+            out_units = torch.arange(units_out).view(*z.shape[1:dim], 1, *z.shape[dim + 1:]).expand(z.shape[1:])
+            edges = torch.stack([out_units.reshape(-1), in_units.reshape(-1)], 1)
+            parts.append(extend(paths[inputs[0].name], edges, torch.ones(len(edges), dtype=torch.float64), selected))
+            if isinstance(value, tuple):
+                dynamic_value[node.name] = value[0]
+        elif isinstance(rule, R.Gate):
             below = torch.as_tensor(rule.beta, dtype=torch.float64)
             if below.dim() == 1:  # one slope per channel (PReLU)
                 below = below.view(1, -1, *[1] * (args[0].dim() - 2))

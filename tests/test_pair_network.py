@@ -355,7 +355,7 @@ def test_gelu_refusal_names_the_qualified_module():
 @pytest.mark.parametrize("layer, why", [
     (nn.LayerNorm([6, 6]), "statistic of the sample"), (nn.GroupNorm(1, 1), "statistic of the sample"),
     (nn.Sigmoid(), "slope varies"), (nn.Tanh(), "slope varies"), (nn.Softplus(), "slope varies"),
-    (nn.Hardtanh(), "saturated pieces"), (nn.ConstantPad2d(1, 0.5), "not in the operation table"),
+    (nn.Hardshrink(), "saturated pieces"), (nn.ConstantPad2d(1, 0.5), "not in the operation table"),
     (nn.BatchNorm2d(1).train(), "training mode"), (nn.Dropout(0.5).train(), "dropout in training mode"),
 ])
 def test_refused_modules(layer, why):

@@ -11,6 +11,13 @@ network with every weight 1 run on ``x ⊙ x'``); ``||wbar||²`` and the output 
     kernel.columns_tensor(idx)                # the same on the module's device
     path_norm_squared(graph), output_gram(graph), scope_summary(graph), unique_patterns(gates)
 
+Beyond ReLU (DESIGN.md §2c, :mod:`~lightning_nsv.kernel.piece_rules`): once x is fixed every non-linearity is a
+choice among affine pieces. A gate of another slope (PReLU, ``torch.where(z > 0, z, a * z)``) puts the slope of its
+piece into ``phi``. A saturated piece (Hardtanh, ReLU6, clamp) outputs a constant: the unit is then a path start with
+that constant as its input, as a bias is, so the pair network maps ``P ↦ s(x)s(x')·P + c(x)c(x')`` (slopes 0 or 1,
+flat values lo, 0 or hi). A selection (max pool, ``torch.maximum``, a max over channels — maxout) is a one-hot choice:
+the pair network passes the candidate that both samples choose, else 0.
+
 Linear/Leaky-ReLU chains keep §1's factorised kernel in the modules beside this one: ``network`` (``PathNetwork``),
 ``formulas`` (the formulas of §1, one short function each), ``inputs``, ``gram_cache``, ``columns``
 (``PathKernelColumns``), ``path_signs``, ``decision`` (the max-margin classifier as a function of ``x``) and

@@ -10,8 +10,11 @@ max-pool selection indicators (``None``: all ones). The pair input ``x ⊙ x'`` 
   factors are 0/1 masks: ReLU-type gates and selection indicators, :mod:`lightning_nsv.kernel.bitmasks`), then a
   single-channel box filter;
 - a BatchNorm, bias or shift adds a term ``1``; a residual sum joins the terms of its branches;
+- a saturating piece (Hardtanh, clamp) multiplies every ``A_t`` by the slopes and adds the term
+  ``(None, c(x), c(x'))`` of the flat values;
 - a max pool splits every term over the ``k`` units of each window: ``S_t`` at unit ``r``, and ``A_t`` at ``r``
-  times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``).
+  times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``); a max over a dim alike, over
+  the candidates of each line.
 
 Any other operation sees the terms summed into the plain pair value (:meth:`Terms.value`) and runs its rule of
 :mod:`lightning_nsv.kernel.rules`. The result equals the plain pair network up to rounding (tested to 1e-12).
@@ -26,6 +29,7 @@ from torch import Tensor
 
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
+from lightning_nsv.kernel.piece_rules import LineMax, PieceGate, TakeValues, WhereGate
 
 __all__ = ["Terms", "channel_overlap", "run_factored"]
 
@@ -122,6 +126,25 @@ class Terms:
             for s, a, b in self.terms:
                 terms.append((_picked_map(s, pick, full), _picked(a, pick, hit_first), _picked(b, pick, hit_second)))
         return Terms(self.ctx, out_shape, terms)
+
+    def line_max(self, rule) -> Terms:
+        """A max over a dim (:class:`~lightning_nsv.kernel.piece_rules.LineMax`): each term split over the candidates
+        ``j`` of the line, ``S_t`` and ``A_t`` at ``j``, ``A_t`` times ``[x chooses j]``."""
+        chosen = self.ctx.gates.selections[rule.name]
+        first, second = chosen[self.ctx.a], chosen[self.ctx.b]
+        dim, terms = rule.dim, []
+
+        def at(t, j):  # a map or factor at candidate j (a broadcast dim at its one entry), in the output's dims
+            if t is None:
+                return None
+            t = _dense(t).select(dim, j if t.shape[dim] > 1 else 0)
+            return t.unsqueeze(dim) if rule.keepdim else t
+
+        for j in range(self.shape[dim - 1]):
+            hit_first, hit_second = (first == j).to(torch.float64), (second == j).to(torch.float64)
+            for s, a, b in self.terms:
+                terms.append((at(s, j), _times(at(a, j), hit_first), _times(at(b, j), hit_second)))
+        return Terms(self.ctx, tuple(first.shape[1:]), terms)
 
 
 def _picked_map(s: Tensor | None, pick, full) -> Tensor | None:
@@ -220,9 +243,20 @@ def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
     first = args[0] if args else None
     if summed and isinstance(rule, R.FixedMap) and isinstance(first, Terms) and _channelwise(rule, args, kwargs):
         return _channel_summed(rule, first, args, kwargs, ctx)
+    if isinstance(rule, WhereGate):
+        first = args[rule.position]
+    if isinstance(rule, TakeValues):
+        return first[0]
     spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
     if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
         return Terms.of(ctx, first).gate(*(ctx.bit_sides(rule.name) or ctx.sides(rule.name)))
+    if isinstance(rule, LineMax) and spatial and len(rule.out_shape) >= 2:
+        out = Terms.of(ctx, first).line_max(rule)
+        return (out, None) if rule.with_indices else out
+    if isinstance(rule, PieceGate) and spatial:  # the slopes on every factor, the flat values a term of their own
+        (s_first, c_first), (s_second, c_second) = ctx.piece_sides(rule)
+        gated = Terms.of(ctx, first).gate(s_first, s_second)
+        return gated + Terms(ctx, gated.shape, [(None, c_first, c_second)]) if rule.starts else gated
     if isinstance(first, Terms):
         if isinstance(rule, R.Conv) and rule.groups == 1:
             return rule.pair((first.channel_sum(),), kwargs, ctx)

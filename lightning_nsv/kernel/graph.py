@@ -35,7 +35,8 @@ class GateLayer(NamedTuple):
 
 
 class PoolLayer(NamedTuple):
-    """A max pool: fx node ``name``, ``where`` for messages, the shape of its selections for one sample."""
+    """A max pool, or another choice recorded as an index (the piece of a Hardtanh/clamp unit, a max over a dim):
+    fx node ``name``, ``where`` for messages, the shape of its selections for one sample."""
 
     name: str
     where: str
@@ -127,6 +128,7 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
             classifier.const(node.target)
         elif node.op != "output":
             rules[node.name] = classifier.classify(node)
+    rules.update(classifier.overrides)
     result_node = nodes[-1].args[0]
     if not isinstance(result_node, fx.Node) or result_node not in classifier.dynamic:
         raise NotPiecewiseLinearError(f"{type(module).__name__}.forward returns {result_node!r}; the path kernel "
@@ -229,6 +231,7 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
         dynamic = [a for a in node.all_input_nodes if a in classifier.dynamic]
         in_shape = tuple(x.shape) if dynamic[0].op == "placeholder" else env_shapes[dynamic[0].name]
         rule = graph.rules[node.name]
+        value = value[0] if isinstance(value, tuple) else value  # a max's (values, indices)
         rule.in_shape, rule.out_shape = in_shape, tuple(value.shape)
         rule.bind(in_shape, tuple(value.shape))
         env_shapes[node.name] = tuple(value.shape)

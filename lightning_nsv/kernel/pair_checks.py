@@ -66,7 +66,7 @@ def check_samples(graph, x, gates) -> None:
         raise ValueError(f"inputs of shape {tuple(x.shape)} and gates of {len(gates)} samples; the graph was "
                          f"traced on inputs of shape (n, {', '.join(map(str, graph.input_shape))})")
     expected = {**{g.name: ("gate layer", tuple(g.shape), bits) for g in graph.gates},
-                **{p.name: ("max pool", tuple(p.shape), selections) for p in graph.pools}}
+                **{p.name: ("choice layer", tuple(p.shape), selections) for p in graph.pools}}  # max pools, pieces
     for name, (kind, shape, values) in expected.items():
         got = tuple(values[name].shape[1:]) if name in values else None
         if got != shape:

@@ -43,7 +43,9 @@ class NotFusable(ValueError):
 # hi, shape) (1 on those channels), ("embed", a | None, lo, hi, shape) (a on those channels, 0 elsewhere),
 # ("view", a, shape) (reshaped), ("call", a, node, shape) (the node's shape operation applied to a), ("const", k,
 # shape) (the program's constants[k], the same for every sample), ("at", a, k, shape) (a read at the plane
-# positions constants[k] of each output position), ("not", a) (1 − a, a a 0/1 mask of scale 1)
+# positions constants[k] of each output position), ("not", a) (1 − a, a a 0/1 mask of scale 1), ("piece", node)
+# (1 in a saturating unit's linear piece), ("flat", node, lo, hi) (its flat value: lo, 0 or hi), ("line", a | None,
+# node, j, dim, keepdim, shape) (a at candidate j along dim of a max, times [the max chose j])
 Recipe = tuple
 
 
@@ -99,6 +101,10 @@ def recipe_is_bits(recipe: Recipe | None, family: dict[str, tuple[float, float]]
         return False
     if kind == "gate":
         return relu_type(family[recipe[1]][0])
+    if kind == "piece":
+        return True
+    if kind == "flat":  # one bound other than 0: that bound times the mask of its piece
+        return not (recipe[2] and recipe[3])
     if kind == "mul":
         return recipe_is_bits(recipe[1], family) and recipe_is_bits(recipe[2], family)
     return recipe_is_bits(recipe[1], family)  # pick, embed, view, call, at, not: as the factor they carry
@@ -111,8 +117,10 @@ def recipe_scale(recipe: Recipe | None, family: dict[str, tuple[float, float]]) 
         return family[recipe[1]][1]
     if kind == "mul":
         return recipe_scale(recipe[1], family) * recipe_scale(recipe[2], family)
-    if kind in ("pick", "embed", "view", "call", "at", "not"):
+    if kind in ("pick", "embed", "view", "call", "at", "not", "line"):
         return recipe_scale(recipe[1], family)
+    if kind == "flat":
+        return recipe[2] or recipe[3] or 1.0
     return 1.0
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_nsv.kernel.pair_code import PairProgram, Recipe, recipe_scale
+from lightning_nsv.kernel.pair_code import PairProgram, Recipe, recipe_is_bits, recipe_scale
+from lightning_nsv.kernel.piece_rules import HIGH, LINEAR, LOW, piece_sides
 from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 
 __all__ = ["SampleFactors", "sample_factors"]
@@ -109,6 +110,8 @@ def _evaluate(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo
         value, is_mask = _evaluate(recipe[1], graph, x, gates, rows, family, memo)
         index = program_constants(graph)[recipe[2]].to(value.device)
         out = (value.flatten(2).index_select(2, index).reshape(len(value), *recipe[3]), is_mask)
+    elif kind in ("piece", "flat", "line"):
+        out = _vocabulary_factor(recipe, graph, x, gates, rows, family, memo)
     elif kind == "not":
         value, _ = _evaluate(recipe[1], graph, x, gates, rows, family, memo)
         out = (~value, True)
@@ -133,6 +136,28 @@ def _evaluate(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo
                 ((picked * hit).view(chosen.shape), False)
     memo[recipe] = out
     return out
+
+
+def _vocabulary_factor(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo) -> tuple[Tensor, bool]:
+    """A saturating unit's linear-piece mask (``piece``) or flat value (``flat``: the mask of the side of its one
+    bound other than 0, else float64), or a factor at one candidate of a max over a dim (``line``)."""
+    kind, name = recipe[0], recipe[1] if recipe[0] != "line" else recipe[2]
+    chosen = gates.selections[name][rows]
+    if kind == "piece":
+        return chosen == LINEAR, True
+    if kind == "flat":
+        _, _, lo, hi = recipe
+        if recipe_is_bits(recipe, family):
+            return chosen == (LOW if lo else HIGH), True
+        return piece_sides(chosen, lo, hi)[1], False
+    _, inner, _, j, dim, keepdim, shape = recipe
+    hit = (chosen == j).reshape(len(chosen), *shape)
+    if inner is None:
+        return hit, True
+    value, is_mask = _evaluate(inner, graph, x, gates, rows, family, memo)
+    picked = value.select(dim, j)
+    picked = (picked.unsqueeze(dim) if keepdim else picked).reshape(len(chosen), *shape)
+    return (picked & hit, True) if is_mask else (picked * hit, False)
 
 
 def program_constants(graph) -> list:

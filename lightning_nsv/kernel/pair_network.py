@@ -25,6 +25,7 @@ from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
 from lightning_nsv.kernel.pair_checks import check_bytes, check_engine, check_samples
 from lightning_nsv.kernel.path_norm import output_gram, path_norm_squared
+from lightning_nsv.kernel.piece_rules import piece_sides
 from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
 
@@ -96,6 +97,35 @@ class _PairContext:
         both_first = self.combine(bits, lambda a, b: chose(a & b))
         both_second = self.combine(bits, lambda a, b: chose(~a & ~b))
         return first * both_first + second * both_second
+
+    def piece_sides(self, rule) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """``(s, c)`` of the block's first and of its second samples at saturating layer ``rule``
+        (:class:`~lightning_nsv.kernel.piece_rules.PieceGate`): slopes and flat values, float64."""
+        if rule.name not in self._sides:
+            piece = self.gates.selections[rule.name]
+            self._sides[rule.name] = (piece_sides(piece[self.a], rule.lo, rule.hi),
+                                      piece_sides(piece[self.b], rule.lo, rule.hi))
+        return self._sides[rule.name]
+
+    def piece(self, rule, v: Tensor) -> Tensor:
+        """A saturating piece (§2c): ``s(x) s(x') v + c(x) c(x')``, the flat values a path start of their own."""
+        (s_first, c_first), (s_second, c_second) = self.piece_sides(rule)
+        if not self.outer:
+            return v * s_first * s_second + c_first * c_second
+        rows, cols = len(s_first), len(s_second)
+        v = v.reshape(rows, cols, *v.shape[1:])
+        out = (v * s_first[:, None]).mul_(s_second[None]).addcmul_(c_first[:, None], c_second[None])
+        return out.reshape(rows * cols, *out.shape[2:])
+
+    def line_select(self, rule, v: Tensor) -> Tensor:
+        """A max over a dim (:class:`~lightning_nsv.kernel.piece_rules.LineMax`): the candidate both samples choose,
+        else 0."""
+        chosen = self.gates.selections[rule.name]
+        first = rule.chosen(self.combine(chosen, lambda a, b: torch.broadcast_tensors(a, b)[0]))
+        same = self.combine(chosen, lambda a, b: a == b)
+        picked = v.gather(rule.dim, first)
+        picked = picked if rule.keepdim else picked.squeeze(rule.dim)
+        return picked * same
 
     def pool(self, name: str, v: Tensor) -> Tensor:
         """Max pool ``name`` on pair values ``v`` (``(P, C, *in)``): the unit x selects where x' selects the same

@@ -45,6 +45,8 @@ class ProgramContext(Protocol):
     def max_pool(self, rule, v: Value) -> Value: ...
     def branch_sum(self, rule, a: Value, b: Value) -> Value: ...
     def select(self, rule, a: Value, b: Value) -> Value: ...
+    def piece(self, rule, v: Value) -> Value: ...
+    def line_max(self, rule, v: Value) -> Value: ...
     def fixed_map(self, rule, args, kwargs) -> Value: ...
     def plane_map(self, rule, v: Value) -> Value: ...
     def reshape(self, rule, args, kwargs) -> Value: ...
@@ -211,6 +213,43 @@ class Compiler:
                 terms.append(Term(t.coef, self.pick(t.reg, rule.name, j, candidates[:, j]), factor))
         return Terms(tuple(terms), out_shape)
 
+    def piece(self, rule, v):
+        """A saturating piece: every factor times the linear-piece mask, and the flat values' term
+        ``c(x) c(x')`` (a path start per unit, ``S = 1``)."""
+        shape = tuple(rule.out_shape[1:])
+        linear = self.recipe(("piece", rule.name), shape)
+        gated = self.refactored(v, lambda factor: self.times(factor, linear, shape), shape)
+        if not rule.starts:
+            return gated
+        return Terms(gated.terms_ + (Term(1.0, None, self.recipe(("flat", rule.name, rule.lo, rule.hi), shape)),),
+                     shape)
+
+    def line_max(self, rule, v):
+        """A max over a dim: each term split over the candidates ``j`` of the line, ``S`` read at ``j`` and the factor
+        at ``j`` times the sample's indicator ``[sel = j]`` (as a max pool's window units)."""
+        in_shape, out_shape = tuple(rule.in_shape[1:]), tuple(rule.out_shape[1:])
+        axis = rule.dim - 1  # of the per-pair shape
+        if axis == 0 and not (rule.keepdim or len(in_shape) == 1):
+            raise NotFusable(f"{rule.where}: a max over the channels that drops the channel dim of a value with "
+                             "positions (keepdim=True is fused)")
+        factor_shape, positions = out_shape or (1,), _positions(out_shape)
+        plane = torch.arange(_positions(in_shape)).view(in_shape[1:]) if axis else None
+
+        def at(reg: int | None, j: int) -> int | None:  # S at candidate j, over the output's positions
+            if reg is None or (self.e.size[reg] == 1 and positions == 1) or (axis == 0 and self.e.size[reg] > 1):
+                return reg
+            if self.e.size[reg] == 1:  # one value for every entry (a reshaped Linear's): spread over the positions
+                return self.pick(reg, rule.name, -1, torch.zeros(positions, dtype=torch.long))
+            return self.pick(reg, rule.name, j, plane.select(axis - 1, j).reshape(-1))
+
+        terms = []
+        for j in range(in_shape[axis]):
+            for t in v.terms(self).terms_:
+                factor = self.recipe(("line", t.factor, rule.name, j, rule.dim, rule.keepdim, factor_shape),
+                                     factor_shape)
+                terms.append(Term(t.coef, at(t.reg, j), factor))
+        return Terms(tuple(terms), out_shape)
+
     def pick(self, reg: int | None, pool: str, unit: int, index: torch.Tensor) -> int | None:
         if reg is None:
             return None
@@ -295,14 +334,27 @@ class Compiler:
             raise NotFusable(f"{rule.where}: a shape operation of the pair program does not cover ({kind})")
         if out_shape == in_shape and kind == "view":
             return v
-        if isinstance(v, Map) and self.e.size[v.reg] == 1:  # every entry equal: any reshape
-            return Map(v.reg, out_shape)
+        if isinstance(v, Map) and self.e.size[v.reg] == 1:  # every entry equal: any reshape, its register spread
+            positions = _positions(out_shape)  # over the new positions (every reader reads that many)
+            return Map(v.reg if positions == 1 else self.pick(v.reg, rule.name, -1, torch.zeros(positions,
+                                                                                                 dtype=torch.long)),
+                       out_shape)
         keeps_positions = kind == "view" and out_shape[:1] == in_shape[:1]
         if isinstance(v, Map) and keeps_positions:
             return Map(v.reg, out_shape)
         if isinstance(v, Terms) and (keeps_positions or all(t.reg is None for t in v.terms_)):
             how = ("view", out_shape) if kind == "view" else ("call", rule.name, out_shape)
             return self.refactored(v, lambda f: None if f is None else (how[0], f, *how[1:]), out_shape)
+        if kind == "view" and isinstance(v, (Map, Terms)) and len(out_shape) > 1 and \
+                _positions(out_shape) % _positions(in_shape) == 0:  # channels split into more positions (maxout)
+            index = torch.arange(_positions(out_shape)) % _positions(in_shape)
+            tile = lambda reg: None if reg is None else self.e.emit(  # noqa: E731
+                GATHER, self.e.new(len(index)), reg, ints=(len(index), self.e.index_table(index.tolist())),
+                cost=len(index))
+            if isinstance(v, Map):
+                return Map(tile(v.reg), out_shape)
+            return Terms(tuple(Term(t.coef, tile(t.reg), self.recipe(None if t.factor is None else (
+                "view", t.factor, out_shape), out_shape)) for t in v.terms_), out_shape)
         if math.prod(out_shape) == math.prod(in_shape):
             return Flat(v.parts if isinstance(v, Flat) else (v,), out_shape)
         raise NotFusable(f"{rule.where}: a shape operation on a value with per-pair maps")

@@ -34,7 +34,7 @@ _NORMALISE = {"layer_norm", "group_norm", "instance_norm", "batch_norm", "normal
               "localresponsenorm", "rmsnorm"}
 _ATTENTION = {"softmax", "log_softmax", "softmin", "scaled_dot_product_attention", "multiheadattention",
               "logsoftmax", "transformer", "transformerencoderlayer", "transformerdecoderlayer", "transformerencoder"}
-_OTHER_PL = {"relu6", "hardtanh", "hardshrink", "softshrink", "threshold", "rrelu"}
+_OTHER_PL = {"hardshrink", "softshrink", "threshold", "rrelu"}
 
 
 def why_not(name: str) -> tuple[str, tuple[str, ...]] | None:
@@ -49,5 +49,5 @@ def why_not(name: str) -> tuple[str, tuple[str, ...]] | None:
         return f"{name} weighs its inputs by a softmax, a smooth function of x (no fixed gates)", (TRUNK,)
     if key in _OTHER_PL:
         return (f"{name} is piecewise linear, but its saturated pieces (constant outputs) or random slopes are not "
-                "in the table yet (the Leaky-ReLU family and PReLU are)", (TRUNK, REPLACE))
+                "in the table yet (the Leaky-ReLU family, PReLU, Hardtanh, ReLU6 and clamp are)", (TRUNK, REPLACE))
     return None

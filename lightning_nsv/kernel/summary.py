@@ -9,14 +9,15 @@ import torch
 
 from lightning_nsv.kernel.gates import Gates
 from lightning_nsv.kernel.graph import PiecewiseGraph
+from lightning_nsv.kernel.piece_rules import PieceGate
 
 __all__ = ["ScopeSummary", "scope_summary", "unique_patterns"]
 
 
 @dataclass(frozen=True)
 class ScopeSummary:
-    """What the path kernel covers, for reports: parameter maps, gate layers, max pools, gates per sample (units of
-    gate layers and max-pool selections)."""
+    """What the path kernel covers, for reports: parameter maps, gate layers (saturating pieces among them), max
+    pools (maxes over a dim among them), gates per sample (units of gate layers and max-pool selections)."""
 
     maps: int
     gate_layers: int
@@ -32,7 +33,8 @@ class ScopeSummary:
 
 def scope_summary(graph: PiecewiseGraph, scope: str = "whole network") -> ScopeSummary:
     units = sum(math.prod(shape) for *_, shape in graph.gates) + sum(math.prod(shape) for *_, shape in graph.pools)
-    return ScopeSummary(len(graph.maps()), len(graph.gates), len(graph.pools), units, scope)
+    pieces = sum(isinstance(graph.rules[p.name], PieceGate) for p in graph.pools)
+    return ScopeSummary(len(graph.maps()), len(graph.gates) + pieces, len(graph.pools) - pieces, units, scope)
 
 
 def unique_patterns(*gate_sets: Gates) -> int:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from lightning_nsv.kernel import linear_vocabulary as V
 from lightning_nsv.kernel import rules as R
+from lightning_nsv.kernel.piece_table import check_readers, module_piece, vocabulary_rule
 from lightning_nsv.kernel.refusals import BUFFER, EVAL, REWRITE, TRUNK, NotPiecewiseLinearError, refuse, why_not
 
 __all__ = ["NotPiecewiseLinearError", "refuse"]
@@ -121,7 +122,16 @@ class Classifier:
         self.consts: dict[str, Any] = {}
         self.params: set[str] = set()
         self.gates: list = []
-        self.pools: list = []
+        self.pools: list = []  # max pools and the other choices recorded as an index (pieces, maxes over a dim)
+        self.conditions: set[fx.Node] = set()  # comparisons, read only by a torch.where gate
+        self.with_indices: set[fx.Node] = set()  # max(dim) calls that return (values, indices)
+        self.overrides: dict[str, R.Rule] = {}  # rules that a later call replaces (a where gate's scaled copy)
+
+    def where_of(self, node: fx.Node) -> str:
+        return _where(node, self.gm)
+
+    def caller(self, node: fx.Node):
+        return _caller(node, self.gm)
 
     def const(self, target: str):
         value = _attr(self.gm, target)
@@ -156,6 +166,7 @@ class Classifier:
             self.meta.add(node)
             return R.Meta(_where(node, self.gm), _caller(node, self.gm))
         self.dynamic.add(node)
+        check_readers(self, node, _where(node, self.gm))
         if node.op == "call_module":
             return self.module_rule(node, self.gm.get_submodule(node.target))
         return self.function_rule(node)
@@ -166,6 +177,9 @@ class Classifier:
         if slopes is not None:
             self.gates.append((node.name, where, *slopes))
             return R.Gate(where, node.name, *slopes)
+        piece = module_piece(self, node, where, m)
+        if piece is not None:
+            return piece
         if isinstance(m, nn.Linear):
             return R.Linear(where, *self.weights(m))
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -261,6 +275,9 @@ class Classifier:
         known = why_not(name)
         if known:
             raise refuse(where, known[0], *known[1])
+        rule = vocabulary_rule(self, node, where, target, dyn)
+        if rule is not None:
+            return rule
         if target in _SELECTIONS and sum(dyn) == 2 and len(node.args) == 2 and not node.kwargs:
             self.gates.append((node.name, where, 0.0, 1.0))  # bit: the first branch is chosen
             return R.Select(where, node.name, minimum=name in ("minimum", "min"))
