@@ -171,8 +171,8 @@ def test_whole_network_support_vectors_on_a_trained_network(make, classes):
     import numpy as np
 
     from lightning_nsv.analysis.whole_network import whole_network_support_vectors
-    from lightning_nsv.max_margin import max_margin
-    from lightning_nsv.multiclass import multiclass_max_margin
+    from lightning_nsv.solver import max_margin
+    from lightning_nsv.solver import multiclass_max_margin
     from tests.test_whole_network import digits, train_to_zero_error
 
     torch.manual_seed(0)
