@@ -21,7 +21,7 @@ PACKAGE = ROOT / "lightning_nsv"
 
 LAYERS = [
     ("lightning_nsv.errors", "lightning_nsv.threads", "lightning_nsv.memory", "lightning_nsv.atomic",
-     "lightning_nsv.ticks", "lightning_nsv.models.layers"),  # the activation family, read by the core
+     "lightning_nsv.ticks", "lightning_nsv.validate", "lightning_nsv.models.layers"),  # the activation family, read by the core
     ("lightning_nsv.solver",),
     ("lightning_nsv.kernel",),
     ("lightning_nsv.plotting",),

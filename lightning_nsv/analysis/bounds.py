@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from lightning_nsv.validate import check_probability
+
 __all__ = ["bound_text", "compression_bound"]
 
 
@@ -15,8 +17,7 @@ def compression_bound(m: int, s: int, n_hidden: int, delta: float = 0.05) -> flo
     """
     if not 0 <= s <= m or m < 1:
         raise ValueError(f"need 0 <= s <= m and m >= 1, got s={s}, m={m}")
-    if not 0 < delta < 1:
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
+    check_probability("delta", delta)
     if s == m:
         return math.inf
     log_binom = math.lgamma(m + 1) - math.lgamma(s + 1) - math.lgamma(m - s + 1)

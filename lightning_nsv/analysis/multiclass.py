@@ -27,6 +27,7 @@ from lightning_nsv.solver import NotSeparableError
 from lightning_nsv.solver.multiclass import (MulticlassMaxMarginResult, OneVsRestResult, class_labels,
                                              multiclass_max_margin, one_vs_rest_max_margin, pair_margins)
 from lightning_nsv.solver.options import SolverOptions, plan
+from lightning_nsv.validate import check_choice
 
 __all__ = ["METHODS", "MulticlassSupportVectorAnalysis", "centred_gram", "multiclass_decision",
            "multiclass_support_vectors"]
@@ -214,8 +215,7 @@ def multiclass_support_vectors(
     num_classes = net.num_outputs
     if num_classes < 2:
         raise ValueError("the network has 1 output unit: use support_vectors.network_support_vectors")
-    if method not in METHODS:
-        raise ValueError(f"`method` can be {', '.join(METHODS)}, got {method!r}")
+    check_choice("method", method, METHODS)
     check_block_size(block_size)
     check_finite_network(net)
     check_samples(x_train, x_val, y_val)

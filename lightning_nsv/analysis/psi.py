@@ -27,6 +27,7 @@ from lightning_nsv.analysis.psi_fast import _fast_spectrum
 from lightning_nsv.analysis.psi_result import PsiSpectrum, _from_singular_values
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.threads import single_threaded_blas
+from lightning_nsv.validate import check_choice
 
 SPECTRA = ("fast", "full")
 #: Up to this many rows (of the smaller side) a full SVD is cheap (0.1 s for 400×10,000) and the fast route takes it.
@@ -75,8 +76,7 @@ def psi_spectrum(psi: Any, spectrum: str = "fast", num_extremes: int = 8,
         >>> psi_spectrum(torch.eye(3)).rank
         3
     """
-    if spectrum not in SPECTRA:
-        raise ValueError(f"`spectrum` can be {', '.join(SPECTRA)}, got {spectrum!r}")
+    check_choice("spectrum", spectrum, SPECTRA)
     if num_extremes < 1:
         raise ValueError(f"`num_extremes` must be >= 1, got {num_extremes}")
     psi = as_matrix64(psi, "psi")

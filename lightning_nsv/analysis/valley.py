@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lightning_nsv.analysis.psi import as_matrix64, check_finite
 from lightning_nsv.analysis.result import AnalysisResult
-from lightning_nsv.solver.options import check_positive, is_count
+from lightning_nsv.validate import check_positive, check_whole
 
 LOG2 = math.log(2.0)
 #: Assumption 3.1.1: real analytic and strictly increasing.
@@ -235,7 +235,7 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_po
     if (y < 0).any() or (y >= k).any():
         raise ValueError(f"`targets` must be class indices in 0..{k - 1}, got range [{int(y.min())}, {int(y.max())}]")
     check_positive("eps", eps, " (the loss at V* is eps/2)")
-    _check_count("num_points", num_points, 2, ">= 2 (both endpoints) and an integer")
+    check_whole("num_points", num_points, 2, ">= 2 (both endpoints) and an integer")
     if not 0 <= residual_tol < math.inf:
         raise ValueError(f"`residual_tol` must be a relative residual in [0, inf), got {residual_tol}")
     b = torch.zeros(k, dtype=torch.float64) if bias is None else torch.as_tensor(bias).detach().to(torch.float64)
@@ -245,12 +245,6 @@ def _escape_inputs(psi: Any, V: Any, targets: Any, bias: Any, eps: float, num_po
         check_finite(values, name)  # lstsq on NaN fails inside LAPACK
     return psi, V, y, b.cpu()
 
-
-
-def _check_count(name: str, value: Any, low: int, what: str) -> None:
-    """Refuse a ``value`` that is no integer (a TypeError) or below ``low`` (a ValueError): "`name` must be what"."""
-    if not is_count(value) or value < low:
-        raise (ValueError if is_count(value) else TypeError)(f"`{name}` must be {what}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------------------- Assumption 3.1
@@ -340,7 +334,7 @@ def assumption31_checks(activations: Sequence[str], num_units: int, inputs: Any)
     names = tuple(dict.fromkeys(str(a).lower() for a in activations))
     if not names:
         raise ValueError("`activations` must name at least one hidden activation, got none")
-    _check_count("num_units", num_units, 1, "a positive integer (M, the skip units)")
+    check_whole("num_units", num_units, 1, "a positive integer (M, the skip units)")
     dup = count_duplicates(inputs)
     n = torch.as_tensor(inputs).shape[0]
     reasons = []
@@ -427,7 +421,7 @@ def loss_surface_2d(
     if not params:
         raise ValueError("`params` must hold at least one parameter tensor, got none")
     check_positive("span", span)
-    _check_count("num_points", num_points, 2, "an integer >= 2")
+    check_whole("num_points", num_points, 2, "an integer >= 2")
     g = torch.Generator().manual_seed(seed)
     d1, d2 = ([filter_normalised_direction(p, g) for p in params] for _ in range(2))
     grid = torch.linspace(-span, span, num_points, dtype=torch.float64)

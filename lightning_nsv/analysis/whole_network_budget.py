@@ -11,21 +11,17 @@ an ETA.
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from lightning_nsv.analysis.checks import check_finite_samples
-from lightning_nsv.kernel.pair_checks import check_bytes
-from lightning_nsv.solver.options import is_count
+from lightning_nsv.validate import check_bytes, check_flag, check_time_budget, is_count
 
 __all__ = ["DEFAULT_TIME_BUDGET", "SAY_ABOVE_SECONDS", "AnalysisCost", "CostEstimate", "PairBar", "TimeBudgetError",
-           "check_budgets", "check_cost_arguments", "check_cost_options",
-           "check_time_budget", "estimate_cost", "say_to_stderr"]
+           "check_budgets", "check_cost_arguments", "check_cost_options", "estimate_cost", "say_to_stderr"]
 
 SAY_ABOVE_SECONDS = 10.0
 DEFAULT_TIME_BUDGET = 3600.0  # seconds: an analysis estimated above it is refused unless the caller raises it
@@ -36,31 +32,13 @@ class TimeBudgetError(ValueError):
     """The analysis would take longer than the time budget allows."""
 
 
-def check_time_budget(time_budget) -> float | None:
-    """``time_budget`` as float seconds, or ``None`` (no limit; ``inf`` means the same and is kept); refuses
-    anything else (a bool, a string, NaN, zero or less), for the analysis and the callback alike."""
-    if time_budget is None:
-        return None
-    if isinstance(time_budget, (bool, np.bool_)) or not isinstance(time_budget, numbers.Real) or \
-            not time_budget > 0:  # NaN is not > 0
-        raise ValueError(f"`time_budget` must be a positive number of seconds or None (no limit; inf means the "
-                         f"same), got {time_budget!r} ({type(time_budget).__name__}); e.g. time_budget=3600 for an "
-                         "hour")
-    try:
-        return float(time_budget)
-    except OverflowError:  # an integer beyond float's range: no limit, as inf
-        return math.inf
-
-
 def check_cost_options(time_budget, say, progress, advice) -> float | None:
     """Refuse what :class:`AnalysisCost` would misuse late (``say`` called only when an analysis is long, ``progress``
     read as a truth value): the budget as :func:`check_time_budget` returns it."""
     if say is not None and not callable(say):
         raise TypeError(f"`say` must be a function that takes the estimate's text (e.g. print, or a logger's info) or "
                         f"None (not said), got {say!r} ({type(say).__name__})")
-    if not isinstance(progress, (bool, np.bool_)):
-        raise TypeError(f"`progress` must be True or False, got {progress!r} ({type(progress).__name__}); a string "
-                        "such as 'no' would count as True")
+    check_flag("progress", progress, "; a string such as 'no' would count as True")
     if not isinstance(advice, str) or not advice.strip():
         raise ValueError(f"`budget_advice` must be a non-empty string (what a time-budget refusal suggests besides a "
                          f"subsample, e.g. the network's head), got {advice!r}")

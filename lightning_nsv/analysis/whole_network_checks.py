@@ -16,6 +16,7 @@ from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.solver.multiclass import pair_margins
 from lightning_nsv.solver.options import SOLVERS
 from lightning_nsv.solver.result import NotSeparableError
+from lightning_nsv.validate import check_choice, check_probability
 
 __all__ = ["check_arguments", "check_input_shape", "check_scope_name", "check_zero_error"]
 
@@ -106,10 +107,8 @@ def check_scope_name(scope_name: object) -> None:
 
 
 def check_arguments(module, x_train, y_train, x_val, y_val, solver: str, delta: float) -> None:
-    if solver not in SOLVERS:
-        raise ValueError(f"`solver` can be {', '.join(SOLVERS)}, got {solver!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}")
+    check_choice("solver", solver, SOLVERS)
+    check_probability("delta", delta)
     check_samples(x_train, x_val, y_val)
     m = len(x_train)
     if len(y_train) != m:

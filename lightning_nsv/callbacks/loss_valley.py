@@ -13,13 +13,12 @@ from lightning_nsv.analysis import (Assumption31Checks, LossSurface, assumption3
 from lightning_nsv.analysis.psi import check_finite
 from lightning_nsv.analysis.valley import LOG2
 from lightning_nsv.callbacks.dashboard import VALLEY_LOG_SCALE, valley_charts, with_log10
-from lightning_nsv.callbacks.nsv_checks import check_integer
 from lightning_nsv.callbacks.psi_rank import SkipNetworkMonitor, training_loader
 from lightning_nsv.compat import pl, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.models.skip import SkipNetwork
-from lightning_nsv.solver.options import check_positive, is_count
+from lightning_nsv.validate import check_choice, check_integer, check_positive, is_count
 
 
 _CROSS_ENTROPY_NAMES = ("cross_entropy", "crossentropy", "ce", "cross-entropy", "nll", "log_loss")
@@ -157,8 +156,7 @@ class LossValleyMonitor(SkipNetworkMonitor):
         other_loss: str = "warn",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
-        if other_loss not in ("warn", "error"):
-            raise ValueError(f"`other_loss` can be warn, error, got {other_loss!r}")
+        check_choice("other_loss", other_loss, ("warn", "error"))
         self.other_loss = other_loss
         self.other_loss_found: str | None = None
         if eps is not None:

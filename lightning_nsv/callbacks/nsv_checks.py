@@ -4,21 +4,19 @@ labels, and whether an analysis is trustworthy (one class, a head that is not th
 from __future__ import annotations
 
 import math
-import numbers
-import os
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchmetrics.aggregation import SumMetric
 
 from lightning_nsv.compat import rank_zero_warn
-from lightning_nsv.analysis.whole_network_budget import check_time_budget
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
-from lightning_nsv.solver.options import SolverOptions, check_choice
+from lightning_nsv.solver.options import SolverOptions
 from lightning_nsv.scope import SCOPES, AnalysisOptions, Scope, ScopeRequest, check_request
+from lightning_nsv.validate import (check_choice, check_dotted_name, check_flag, check_integer, check_path,
+                                    check_probability, check_real_type, check_shape, check_time_budget)
 
 
 def check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
@@ -31,28 +29,16 @@ def check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error:
                              ("max_images", max_images, 0), ("seed", seed, None)):
         check_integer(name, value, low)
     for name, value in (("stop_on_zero_error", stop_on_zero_error), ("intercept", intercept)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}); a string "
-                            "such as 'false' would count as True")
+        check_flag(name, value, "; a string such as 'false' would count as True")
     for name, value in (("C", C), ("delta", delta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
+        check_real_type(name, value)
     if not 0 < C < math.inf:
         raise ValueError(f"`C` must be positive and finite, got {C}; the intercept protocol's default is 1e7")
-    if not 0 < delta < 1:
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}; e.g. delta=0.05 for a 95% bound")
+    check_probability("delta", delta, "; e.g. delta=0.05 for a 95% bound")
     for name, value in (("path_module", path_module), ("embedding", embedding)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise TypeError(f"`{name}` must be the dotted name of a submodule (e.g. 'head' or 'net.trunk') or None, "
-                            f"got {value!r}")
-    if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
-        raise TypeError(f"`save_dir` must be a path (str or os.PathLike) or None, got {save_dir!r}")
-    if image_shape is not None and (isinstance(image_shape, (str, bytes)) or not hasattr(image_shape, "__len__")
-                                    or len(image_shape) not in (2, 3)
-                                    or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n > 0
-                                               for n in image_shape)):
-        raise ValueError(f"`image_shape` must be (C, H, W) or (H, W) of positive integers, e.g. (1, 8, 8), or None; "
-                         f"got {image_shape!r}")
+        check_dotted_name(name, value)
+    check_path("save_dir", save_dir)
+    check_shape("image_shape", image_shape)
     check_time_budget(time_budget)  # as whole_network_support_vectors checks it (inf: no limit, as None)
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
@@ -62,16 +48,6 @@ def check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error:
                  "name a head or it is not piecewise linear")
     check_request(ScopeRequest(scope, path_module, embedding), AnalysisOptions(intercept=intercept,
                                                                                 multiclass=multiclass))
-
-
-def check_integer(name: str, value: Any, low: int | None) -> None:
-    """Refuse a non-integer (a bool, a float such as 1.5, a string) or one below ``low``, as Lightning's own callbacks do."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}); pass e.g. {name}="
-                        f"{max(low or 0, 1)}")
-    if low is not None and value < low:
-        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
-        raise ValueError(f"`{name}` must be {kind}, got {value}")
 
 
 def check_head_fits_classes(path: Scope, datamodule) -> None:

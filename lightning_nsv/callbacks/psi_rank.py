@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -11,11 +10,11 @@ from lightning_nsv.analysis import psi_spectrum_streaming, spectrum_summary
 from lightning_nsv.analysis.psi import SMALL_SIDE, SPECTRA, check_streaming_memory
 from lightning_nsv.callbacks.dashboard import (PSI_LOG_SCALE, hparams_metrics, log_scalars, psi_charts,
                                               register_hparams, with_log10, write_layout)
-from lightning_nsv.callbacks.nsv_checks import check_integer
 from lightning_nsv.callbacks.sinks import FigureSink, log_directory
 from lightning_nsv.compat import Callback, pl, rank_zero_info, rank_zero_warn
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.models.skip import SkipNetwork
+from lightning_nsv.validate import check_choice, check_flag, check_integer
 
 
 def _require_skip_network(callback: Callback, pl_module: pl.LightningModule) -> None:
@@ -56,9 +55,7 @@ class SkipNetworkMonitor(Callback):
         for name, value in (("every_n_epochs", every_n_epochs), ("batch_size", batch_size),
                             ("max_memory_bytes", max_memory_bytes)):
             check_integer(name, value, 1)  # numpy integers pass, bools do not
-        if not isinstance(log_figure, (bool, np.bool_)):
-            raise TypeError(f"`log_figure` must be True or False, got {log_figure!r} ({type(log_figure).__name__}); "
-                            "a string such as 'no' would count as True")
+        check_flag("log_figure", log_figure, "; a string such as 'no' would count as True")
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a string, the start of the logged keys (e.g. 'psi/'), got {prefix!r}")
         self.every_n_epochs, self.batch_size, self.max_memory_bytes = (int(every_n_epochs), int(batch_size),
@@ -271,8 +268,7 @@ class PsiRankMonitor(SkipNetworkMonitor):
         spectrum: Literal["full", "fast"] = "fast",
     ) -> None:
         super().__init__(every_n_epochs, batch_size, max_memory_bytes, log_figure, prefix)
-        if spectrum not in SPECTRA:
-            raise ValueError(f"`spectrum` can be {', '.join(SPECTRA)}, got {spectrum!r}")
+        check_choice("spectrum", spectrum, SPECTRA)
         self.spectrum = spectrum
         self._svd_until = 0  # after a fallback of the fast route, the SVD directly up to this analysis
         self._analyses = 0

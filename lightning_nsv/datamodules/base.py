@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import pickle
 import struct
@@ -16,51 +15,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision.datasets import VisionDataset
 
 from lightning_nsv.compat import pl
-from lightning_nsv.solver.options import is_count
+from lightning_nsv.validate import check_count, check_flag, check_real
 
 Task = Literal["binary", "multiclass"]
 TASKS: tuple[str, ...] = get_args(Task)
-
-
-def check_count(name: str, value: Any, low: int, example: int, high: int | None = None,
-                none: str | None = None) -> int | None:
-    """``value`` as an int if it is an integer (Python or numpy, not a bool) in ``low..high``: a TypeError names
-    any other type, a ValueError a value out of range, both with ``example``. ``none`` (what None means) allows None."""
-    if value is None and none is not None:
-        return None
-    kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer of at least {low}")
-    kind += f" or None ({none})" if none is not None else ""
-    if not is_count(value):
-        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__}); e.g. {name}={example}")
-    if value < low:
-        kind = kind if low < 2 else f"at least {low}"
-        raise ValueError(f"`{name}` must be {kind}, got {value}; e.g. {name}={example}")
-    if high is not None and value > high:
-        raise ValueError(f"`{name}` must be at most {high}, got {value}; e.g. {name}={example}")
-    return int(value)
-
-
-def check_real(name: str, value: Any, example: float, high: float = math.inf, closed: bool = True) -> float:
-    """``value`` as a float if it is a finite real number (not a bool) in [0, high] ([0, high) unless ``closed``):
-    a TypeError names any other type, a ValueError NaN, infinity or a value out of range, both with ``example``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__}); e.g. {name}={example}")
-    try:
-        x = float(value)
-    except OverflowError:  # an int beyond float's range
-        x = math.inf
-    if not (math.isfinite(x) and 0 <= x and (x <= high if closed else x < high)):
-        span = (f"in [0, {high:g}{']' if closed else ')'}" if high < math.inf
-                else "non-negative" if x < 0 else "finite and non-negative")
-        raise ValueError(f"`{name}` must be {span}, got {value}; e.g. {name}={example}")
-    return x
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` as a bool if it is one (numpy's included): a string such as 'false' would count as True."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
 
 
 class ClassificationDataModule(pl.LightningDataModule):

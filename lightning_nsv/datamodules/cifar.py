@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10
 
-from lightning_nsv.datamodules.base import TASKS, TorchvisionDataModule, check_flag
+from lightning_nsv.datamodules.base import TASKS, TorchvisionDataModule
+from lightning_nsv.validate import check_flag
 
 CIFAR10Class = Literal["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_CLASSES: tuple[str, ...] = get_args(CIFAR10Class)

@@ -8,7 +8,8 @@ import torch
 from sklearn.datasets import make_blobs, make_circles, make_moons
 from torch import Tensor
 
-from lightning_nsv.datamodules.base import ClassificationDataModule, check_count, check_real
+from lightning_nsv.datamodules.base import ClassificationDataModule
+from lightning_nsv.validate import check_choice, check_count, check_real
 
 
 def _blobs(n: int, noise: float, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +76,7 @@ class Toy2DDataModule(ClassificationDataModule):
         noise: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        if name not in tuple(TOY_SETS):
-            raise ValueError(f"`name` can be {', '.join(TOY_SETS)}, got {name!r}")
+        check_choice("name", name, tuple(TOY_SETS))
         n_samples = check_count("n_samples", n_samples, 2, 1000)
         noise = check_real("noise", noise, 0.1)
         super().__init__(**kwargs)

@@ -9,7 +9,6 @@ inputs are cast to it, those of a narrower float dtype a chunk of rows at a time
 """
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +17,7 @@ from torch import Tensor
 
 from lightning_nsv.kernel.inputs import _InputChunks
 from lightning_nsv.kernel.network import PathNetwork
+from lightning_nsv.validate import is_count
 
 __all__ = ["check_block_size", "forward_with_slopes", "output_gram", "path_kernel", "path_kernel_diagonal",
            "path_norm_squared", "slopes", "unique_patterns"]
@@ -94,8 +94,7 @@ def path_kernel_diagonal(x: Tensor, slopes: Sequence[Tensor], *, bias: bool = Fa
 
 def check_block_size(block_size: int | None) -> None:
     """Refuse a ``block_size`` (rows per block of a kernel) that is not ``None`` or a positive integer."""
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral)
-                                   or block_size < 1):
+    if block_size is not None and not (is_count(block_size) and block_size >= 1):
         raise ValueError(f"block_size must be a positive integer (rows per block of the kernel) or None, "
                          f"got {block_size!r}")
 

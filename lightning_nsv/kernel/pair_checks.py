@@ -15,10 +15,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.errors import NonFiniteError
-from lightning_nsv.solver.options import is_count
 
-__all__ = ["COLUMN_ENGINES", "check_bytes", "check_engine", "check_factors", "check_indices", "check_samples",
-           "check_threads", "index_arrays"]
+__all__ = ["COLUMN_ENGINES", "check_engine", "check_factors", "check_indices", "check_samples", "index_arrays"]
 
 #: ``engine`` of PairNetworkColumns: the compiled program (by numba, by torch, or whichever fits) or the torch network
 COLUMN_ENGINES = ("auto", "numba", "torch", "reference")
@@ -34,20 +32,6 @@ def check_engine(engine, factored: bool, collapse: bool) -> None:
         raise ValueError(f"engine={engine!r} runs the compiled pair program, but factored={factored}, "
                          f"collapse={collapse} ask for the plain torch pair network: pass engine='reference' (or "
                          "'auto') with them, or leave them True")
-
-
-def check_bytes(name: str, value, low: int = 1) -> None:
-    """Refuse a byte count that is not an integer of at least ``low``."""
-    if not (is_count(value) and value >= low):
-        kind = "`{}` must be a positive integer (bytes)" if low == 1 else f"{{}} must be >= {low}, an integer (bytes)"
-        raise ValueError(f"{kind.format(name)}, got {value!r} ({type(value).__name__}); e.g. {name}={128 << 20} for "
-                         "128 MiB")
-
-
-def check_threads(threads) -> None:
-    if threads is not None and not (is_count(threads) and threads >= 1):
-        raise ValueError(f"`threads` must be a positive integer or None (torch's, {torch.get_num_threads()} now), "
-                         f"got {threads!r}")
 
 
 def check_samples(graph, x, gates) -> None:

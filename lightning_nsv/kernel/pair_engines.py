@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel.pair_factors import SampleFactors
-from lightning_nsv.kernel.pair_checks import check_factors, check_indices, check_threads, index_arrays
+from lightning_nsv.kernel.pair_checks import check_factors, check_indices, index_arrays
+from lightning_nsv.validate import check_threads
 from lightning_nsv.kernel.pair_code import (ADD, ADD_SCALAR, AXPY, BOX, CONST, GATHER, OVERLAP_DENSE, OVERLAP_TERMS,
                                             SCALE, SPMV, SUM, PairProgram)
 

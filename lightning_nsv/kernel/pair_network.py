@@ -23,11 +23,12 @@ from lightning_nsv.kernel.graph import PiecewiseGraph, run
 from lightning_nsv.kernel.columns import PathKernelColumns
 from lightning_nsv.kernel.formulas import path_kernel, path_kernel_diagonal
 from lightning_nsv.kernel.fused import FusedPairs, NotFusable, fuse
-from lightning_nsv.kernel.pair_checks import check_bytes, check_engine, check_samples
+from lightning_nsv.kernel.pair_checks import check_engine, check_samples
 from lightning_nsv.kernel.path_norm import output_gram, path_norm_squared
 from lightning_nsv.kernel.piece_rules import piece_sides
 from lightning_nsv.kernel.slopes import gate_slopes, relu_type
 from lightning_nsv.solver.protocol import KernelColumns, signed_rows
+from lightning_nsv.validate import check_bytes
 
 __all__ = ["Gates", "PairNetworkColumns", "ScopeSummary", "compute_gates", "output_gram", "path_norm_squared",
            "scope_summary", "unique_patterns"]

@@ -10,6 +10,7 @@ from torch import Tensor
 from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import PlainHookAttributes, mlp_sequential
 from lightning_nsv.models.metrics import StageMetrics, check_labels, check_outputs
+from lightning_nsv.validate import check_choice
 
 OPTIMIZERS = ("sgd", "adam")
 STAGES = ("train", "val", "test")
@@ -85,8 +86,7 @@ class LeakyReLUMLP(PlainHookAttributes, pl.LightningModule):
         manual_optimization: bool = False,
     ) -> None:
         super().__init__()
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"`optimizer` can be {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        check_choice("optimizer", optimizer, OPTIMIZERS)
         if lr <= 0:
             raise ValueError(f"`lr` must be positive, got {lr}")
         if init_std is not None and init_std <= 0:

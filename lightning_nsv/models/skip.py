@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from lightning_nsv.compat import pl
 from lightning_nsv.models.layers import Activation, LeakyReLUFamily, eval_mode, mlp_sequential
 from lightning_nsv.models.metrics import StageMetrics, check_labels
+from lightning_nsv.validate import check_choice
 
 MODES = ("original", "skip_sgd", "skip_rand")
 OPTIMIZERS = ("sgd", "adam", "lbfgs")
@@ -142,10 +143,8 @@ class SkipNetwork(pl.LightningModule):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"`mode` can be {', '.join(MODES)}, got {mode!r}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"`optimizer` can be {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        check_choice("mode", mode, MODES)
+        check_choice("optimizer", optimizer, OPTIMIZERS)
         if not lr > 0 or momentum < 0 or weight_decay < 0:
             raise ValueError(f"need lr > 0, momentum >= 0, weight_decay >= 0, got {lr}, {momentum}, {weight_decay}")
         if optimizer == "lbfgs" and weight_decay:

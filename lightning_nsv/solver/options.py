@@ -9,37 +9,17 @@ and the :class:`~lightning_nsv.callbacks.NetworkSupportVectors` callback call it
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-__all__ = ["KERNEL_MODES", "SOLVERS", "Plan", "SolverOptions", "analysis_device", "check_positive", "is_count", "plan",
-           "solver_device"]
+from lightning_nsv.validate import check_choice, is_count
+
+__all__ = ["KERNEL_MODES", "SOLVERS", "Plan", "SolverOptions", "analysis_device", "plan", "solver_device"]
 
 KERNEL_MODES = ("auto", "dense", "columns")
 SOLVERS = ("auto", "numpy", "torch")
-
-
-def check_choice(name: str, value, choices: tuple[str, ...], fix: str) -> None:
-    """Refuse ``value`` outside ``choices``, saying what was expected, what came and how to fix it."""
-    if value not in choices:
-        raise ValueError(f"`{name}` can be {', '.join(choices)}, got {value!r}: {fix}")
-
-
-def check_positive(name: str, value, why: str = "") -> None:
-    """Refuse a ``value`` that is not a real number in (0, inf), naming it; ``why`` follows "> 0" in the message."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number, got {value!r} ({type(value).__name__})")
-    if not 0 < value < math.inf:
-        raise ValueError(f"`{name}` must be > 0{why}, got {value}; valid: 0 < {name} < inf")
-
-
-def is_count(value) -> bool:
-    """Whether ``value`` is an integer (Python or numpy), not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
