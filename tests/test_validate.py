@@ -173,3 +173,17 @@ def test_no_module_but_validate_defines_a_generic_validator():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in GENERIC]
     assert defined == []
+
+
+#: what only validate.py says: a module that says it checks the value itself instead of calling the validator
+MESSAGES = ("must be True or False", "must be a real number", "must be in (0, 1)", "must be a path (str or os.PathLike)",
+            "must be the dotted name of a submodule", "must be a positive number of seconds or None")
+
+
+def test_no_module_but_validate_writes_a_validator_s_message():
+    written = [f"{path.relative_to(ROOT)}:{node.lineno} {text!r}"
+               for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "validate.py"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               for text in MESSAGES if text in node.value]
+    assert written == []
