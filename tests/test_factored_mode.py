@@ -39,3 +39,26 @@ def test_factored_mode_gives_the_plain_pair_network(name):
     reference = plain.pairs(rows.repeat_interleave(len(cols)), cols.repeat(len(rows)))
     scale = reference.abs().max().clamp(min=1e-300)
     torch.testing.assert_close(factored / scale, reference / scale, rtol=0, atol=1e-12)
+
+
+def test_the_factored_network_is_a_mode_of_the_interpreter(monkeypatch):
+    """graph.run(…, "factored") with the pair input as terms gives exactly the blocks PairNetworkColumns gives; each
+    node asks its own rule's ``factored`` (a BatchNorm's, once per BatchNorm), every other rule the default."""
+    from lightning_nsv.kernel import rules as R
+    from lightning_nsv.kernel.factored import Terms, plain
+    from lightning_nsv.kernel.graph import run
+    from lightning_nsv.kernel.pair_network import _PairContext
+
+    torch.manual_seed(0)
+    module, x = _case("small_resnet")
+    fast, _ = both(module, x, fast=False)
+    rows, cols = torch.tensor([4, 0, 2, 5]), torch.tensor([1, 3, 5])
+    asked = []
+    for cls in (R.BatchNorm, R.Rule):
+        original = cls.factored
+        monkeypatch.setattr(cls, "factored", lambda self, *a, _o=original, _c=cls: asked.append(_c) or _o(self, *a))
+    ctx = _PairContext(fast.graph, fast.gates, rows, cols, outer=True)
+    out = plain(run(fast.graph, Terms.input(ctx, fast.x), "factored", ctx))
+    assert torch.equal(out[:, 0] if out.dim() == 2 else out, fast.pairs(rows, cols, outer=True))
+    norms = sum(isinstance(rule, R.BatchNorm) for rule in fast.graph.rules.values())
+    assert norms and asked.count(R.BatchNorm) == 2 * norms and R.Rule in asked  # two runs: here and in fast.pairs
