@@ -26,7 +26,7 @@ is the pair form on plain values), asking the block's :class:`FactoredContext`; 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.fx as fx
