@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_nsv.kernel import piece_rules as PR
+from lightning_nsv.kernel import choice_rules as C
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.graph import PiecewiseGraph, run
 from lightning_nsv.kernel.linear_vocabulary import ConvTranspose
@@ -182,14 +183,14 @@ def _all_paths(graph: PiecewiseGraph, x: Tensor):
                                 below).expand(args[0].shape).reshape(n, -1)
             edges = torch.stack([torch.arange(units_out)] * 2, 1)
             parts.append(extend(paths[inputs[0].name], edges, torch.ones(units_out, dtype=torch.float64), slope))
-        elif isinstance(rule, R.Select):  # an edge from each branch, coefficient 1 where that branch is chosen
+        elif isinstance(rule, C.Select):  # an edge from each branch, coefficient 1 where that branch is chosen
             a, b = args[0].reshape(n, -1), args[1].reshape(n, -1)
             first = (a <= b if rule.minimum else a >= b).to(torch.float64)
             edges = torch.stack([torch.arange(units_out)] * 2, 1)
             ones = torch.ones(units_out, dtype=torch.float64)
             parts.append(extend(paths[inputs[0].name], edges, ones, first))
             parts.append(extend(paths[inputs[1].name], edges, ones, 1 - first))
-        elif isinstance(rule, R.MaxPool):
+        elif isinstance(rule, C.MaxPool):
             parts.append(_max_pool_paths(rule, args[0], paths[inputs[0].name]))
         else:
             dynamic_paths = _dynamic_positions(args, [dynamic_value[a.name] for a in inputs])
@@ -218,7 +219,7 @@ def _starts(rule: R.Rule) -> bool:
     return isinstance(rule, (R.BatchNorm, R.Shift))
 
 
-def _max_pool_paths(rule: R.MaxPool, z: Tensor, paths: Paths) -> Paths:
+def _max_pool_paths(rule: C.MaxPool, z: Tensor, paths: Paths) -> Paths:
     n, channels = z.shape[0], z.shape[1]
     plane = z[0, 0].numel()
     units_in = z[0].numel()

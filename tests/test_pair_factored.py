@@ -6,6 +6,7 @@ import torch
 
 from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel import factored as F
+from lightning_nsv.kernel import rules as R
 from lightning_nsv.models.residual import SmallResNet
 from tests.test_pair_network import CASES, inputs, randomise_bn, relative
 
@@ -117,8 +118,8 @@ def test_channel_sum_before_a_summing_head(case, summed, monkeypatch):
     make, shape = (lambda: _ScaledChannels(), (1, 8, 8)) if case == "scaled_channels" else CASES[case]
     fast, plain = both(make(), inputs(shape, n=6), fast=False)
     calls = []
-    original = F._channel_summed
-    monkeypatch.setattr(F, "_channel_summed", lambda *a: calls.append(1) or original(*a))
+    original = R.FixedMap.channel_summed
+    monkeypatch.setattr(R.FixedMap, "channel_summed", lambda *a: calls.append(1) or original(*a))
     columns = fast.columns_tensor([4, 0, 2])
     assert len(calls) == summed
     assert relative(columns, plain.columns_tensor([4, 0, 2])) < 1e-13

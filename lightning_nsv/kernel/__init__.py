@@ -15,8 +15,8 @@ Beyond ReLU (DESIGN.md §2c, :mod:`~lightning_nsv.kernel.piece_rules`): once x i
 choice among affine pieces. A gate of another slope (PReLU, ``torch.where(z > 0, z, a * z)``) puts the slope of its
 piece into ``phi``. A saturated piece (Hardtanh, ReLU6, clamp) outputs a constant: the unit is then a path start with
 that constant as its input, as a bias is, so the pair network maps ``P ↦ s(x)s(x')·P + c(x)c(x')`` (slopes 0 or 1,
-flat values lo, 0 or hi). A selection (max pool, ``torch.maximum``, a max over channels — maxout) is a one-hot choice:
-the pair network passes the candidate that both samples choose, else 0.
+flat values lo, 0 or hi). A selection (max pool, ``torch.maximum``: :mod:`~lightning_nsv.kernel.choice_rules`; a max
+over channels — maxout) is a one-hot choice: the pair network passes the candidate that both samples choose, else 0.
 
 Linear/Leaky-ReLU chains keep §1's factorised kernel in the modules beside this one: ``network`` (``PathNetwork``),
 ``formulas`` (the formulas of §1, one short function each), ``inputs``, ``gram_cache``, ``columns``

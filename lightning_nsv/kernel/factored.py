@@ -16,22 +16,62 @@ max-pool selection indicators (``None``: all ones). The pair input ``x ⊙ x'`` 
   times ``[x selects r]`` (``Σ_r [sel(x) = r][sel(x') = r] = [sel(x) = sel(x')]``); a max over a dim alike, over
   the candidates of each line.
 
-Any other operation sees the terms summed into the plain pair value (:meth:`Terms.value`) and runs its rule of
-:mod:`lightning_nsv.kernel.rules`. The result equals the plain pair network up to rounding (tested to 1e-12).
+Any other operation sees the terms summed into the plain pair value (:meth:`Terms.value`) and runs its rule's pair
+form. The result equals the plain pair network up to rounding (tested to 1e-12).
+
+The network is the ``factored`` mode of the graph interpreter (:func:`lightning_nsv.kernel.graph.run`): each rule
+states its own factored form (``Rule.factored(args, kwargs, ctx)``, :mod:`lightning_nsv.kernel.rules`; the default
+is the pair form on plain values), asking the block's :class:`FactoredContext`; the placeholder's value is
+:meth:`Terms.input` and the output's :func:`plain`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.fx as fx
 from torch import Tensor
 
-from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.bitmasks import Bits, bit_overlap
-from lightning_nsv.kernel.piece_rules import LineMax, PieceGate, TakeValues, WhereGate
 
-__all__ = ["Terms", "channel_overlap", "run_factored"]
+if TYPE_CHECKING:
+    from lightning_nsv.kernel.choice_rules import MaxPool
+    from lightning_nsv.kernel.piece_rules import LineMax, PieceGate
+
+__all__ = ["FactoredContext", "PairContext", "Terms", "channel_overlap", "has_channels", "pair_shape", "plain"]
+
+
+class PairContext(Protocol):
+    """What a rule's ``pair(args, kwargs, ctx)`` asks of the block of pairs it runs on (the plain pair network,
+    :class:`~lightning_nsv.kernel.pair_network._PairContext`): each method takes the pair values ``v``
+    (``(P, *shape)``, one row per pair) and gives the node's."""
+
+    collapse: bool  # whether a gate marked ``collapse`` passes one channel (DESIGN.md §2c "Speed")
+
+    def gate(self, name: str, v: Tensor) -> Tensor: ...  # v · sigma(x) sigma(x') at gate layer ``name``
+    def overlap(self, name: str) -> Tensor: ...  # Σ_c sigma_c(x) sigma_c(x') per position, (P, *spatial)
+    def select(self, name: str, first: Tensor, second: Tensor) -> Tensor: ...  # the branch both samples choose
+    def piece(self, rule: PieceGate, v: Tensor) -> Tensor: ...  # s(x) s(x') v + c(x) c(x')
+    def line_select(self, rule: LineMax, v: Tensor) -> Tensor: ...  # the candidate both samples choose
+    def pool(self, name: str, v: Tensor) -> Tensor: ...  # the window unit both samples select
+
+
+class FactoredContext(PairContext, Protocol):
+    """What a rule's ``factored(args, kwargs, ctx)`` may ask: the block (every pair ``(a[i], b[j])`` when
+    ``outer``, else ``(a[p], b[p])``), the per-sample sides of its gates, pieces and choices, and, for the pair
+    form on plain values (``Rule.factored``'s default), everything a :class:`PairContext` offers. A value is a
+    :class:`Terms` or a plain pair value (``(P, *shape)``)."""
+
+    a: Tensor  # the block's first samples (indices into the samples the graph runs on)
+    b: Tensor  # its second samples
+    outer: bool
+
+    def sides(self, name: str) -> tuple[Tensor, Tensor]: ...  # slopes of a and b at gate layer ``name``, float64
+    def bit_sides(self, name: str) -> tuple[Bits, Bits] | None: ...  # the same as bits (ReLU-type), else None
+    def piece_sides(self, rule: PieceGate) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]: ...  # (s, c)
+    def selections(self, name: str) -> Tensor: ...  # every sample's choices at a max pool or a max over a dim
+    # [x selects unit j] of every sample at max pool ``name`` (``unit``: its flat index per output, ``valid``: real)
+    def hits(self, name: str, j: int, unit: Tensor, valid: Tensor) -> Bits: ...
 
 
 class Terms:
@@ -42,6 +82,11 @@ class Terms:
         self.ctx, self.shape, self.terms = ctx, shape, terms  # shape: (C, *spatial) of one pair
         self.rows, self.cols = len(ctx.a), len(ctx.b)
         self.pairs = self.rows * self.cols if ctx.outer else self.rows
+
+    @classmethod
+    def input(cls, ctx: FactoredContext, x: Tensor) -> Terms:
+        """The pair input ``x ⊙ x'`` of the block: one term of the per-sample factors ``x[a]``, ``x[b]``."""
+        return cls(ctx, tuple(x.shape[1:]), [(None, x[ctx.a], x[ctx.b])])
 
     @classmethod
     def of(cls, ctx, t: Tensor) -> Terms:
@@ -114,23 +159,22 @@ class Terms:
     def _overlap(self, first, second) -> Tensor:
         return channel_overlap(first, second, self.ctx.outer).reshape(self.pairs, 1, *first.shape[2:])
 
-    def max_pool(self, rule: R.MaxPool) -> Terms:
+    def max_pool(self, rule: MaxPool) -> Terms:
         """Each term split over the window units ``r`` (candidates of :meth:`MaxPool.candidates`)."""
-        gates = self.ctx.gates
-        out_shape, in_spatial = tuple(gates.selections[rule.name].shape[1:]), self.shape[1:]
+        out_shape, in_spatial = tuple(self.ctx.selections(rule.name).shape[1:]), self.shape[1:]
         full = lambda s: s.expand(len(s), s.shape[1], *in_spatial)  # noqa: E731 (a shift's 1 is (1, 1, ...))
         terms = []
         for j, (unit, valid, pick) in enumerate(_units(rule, self.ctx.a.device, in_spatial, out_shape[1:])):
-            hits = gates.hits(rule.name, j, unit, valid)
+            hits = self.ctx.hits(rule.name, j, unit, valid)
             hit_first, hit_second = hits[self.ctx.a], hits[self.ctx.b]
             for s, a, b in self.terms:
                 terms.append((_picked_map(s, pick, full), _picked(a, pick, hit_first), _picked(b, pick, hit_second)))
         return Terms(self.ctx, out_shape, terms)
 
-    def line_max(self, rule) -> Terms:
+    def line_max(self, rule: LineMax) -> Terms:
         """A max over a dim (:class:`~lightning_nsv.kernel.piece_rules.LineMax`): each term split over the candidates
         ``j`` of the line, ``S_t`` and ``A_t`` at ``j``, ``A_t`` times ``[x chooses j]``."""
-        chosen = self.ctx.gates.selections[rule.name]
+        chosen = self.ctx.selections(rule.name)
         first, second = chosen[self.ctx.a], chosen[self.ctx.b]
         dim, terms = rule.dim, []
 
@@ -179,10 +223,10 @@ def _picked(a, pick, hit: Bits):
     return pick(a).mul_(hit.float()) if pick.copies else pick(a) * hit.float()
 
 
-def _units(rule: R.MaxPool, device, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]) -> list:
+def _units(rule: MaxPool, device, in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]) -> list:
     """``(unit, valid, picker)`` for each window unit of ``rule``'s windows (:func:`_picker`); once per rule,
-    device and shapes (kept on the rule)."""
-    cache = rule.__dict__.setdefault("_factored_units", {})
+    device and shapes (kept on the rule, :attr:`MaxPool.units`)."""
+    cache = rule.units
     key = (str(device), in_spatial, out_spatial)
     if key not in cache:
         candidates, valid = rule.candidates(device)
@@ -237,114 +281,16 @@ def channel_overlap(first, second, outer: bool) -> Tensor:
     return counts
 
 
-def _step(rule: R.Rule, args, kwargs, ctx, summed: bool = False) -> Any:
-    """One node of the factored run: the factored form where it pays, else the rule on plain values. ``summed``:
-    every entry of the node's value is summed by its reader (:func:`_summed_by_reader`)."""
-    first = args[0] if args else None
-    if summed and isinstance(rule, R.FixedMap) and isinstance(first, Terms) and _channelwise(rule, args, kwargs):
-        return _channel_summed(rule, first, args, kwargs, ctx)
-    if isinstance(rule, WhereGate):
-        first = args[rule.position]
-    if isinstance(rule, TakeValues):
-        return first[0]
-    spatial = isinstance(first, (Tensor, Terms)) and len(_shape(first)) >= 2
-    if isinstance(rule, R.Gate) and spatial and not (rule.collapse and ctx.collapse and isinstance(first, Tensor)):
-        return Terms.of(ctx, first).gate(*(ctx.bit_sides(rule.name) or ctx.sides(rule.name)))
-    if isinstance(rule, LineMax) and spatial and len(rule.out_shape) >= 2:
-        out = Terms.of(ctx, first).line_max(rule)
-        return (out, None) if rule.with_indices else out
-    if isinstance(rule, PieceGate) and spatial:  # the slopes on every factor, the flat values a term of their own
-        (s_first, c_first), (s_second, c_second) = ctx.piece_sides(rule)
-        gated = Terms.of(ctx, first).gate(s_first, s_second)
-        return gated + Terms(ctx, gated.shape, [(None, c_first, c_second)]) if rule.starts else gated
-    if isinstance(first, Terms):
-        if isinstance(rule, R.Conv) and rule.groups == 1:
-            return rule.pair((first.channel_sum(),), kwargs, ctx)
-        if isinstance(rule, R.BatchNorm):
-            return first.plus_one()
-        if isinstance(rule, R.MaxPool):
-            return first.max_pool(rule)
-        if isinstance(rule, R.Identity):
-            return first
-    if isinstance(rule, R.BranchSum) and any(isinstance(a, Terms) for a in args[:2]) and \
-            _shape(args[0]) == _shape(args[1]):
-        return Terms.of(ctx, args[0]) + Terms.of(ctx, args[1])
-    if isinstance(rule, R.BatchNorm) and isinstance(first, Tensor) and first.dim() > 2 and first.stride(1) == 0:
-        return (first[:, :1] + 1.0).expand(first.shape)  # keep a conv's broadcast channels a view
-    plain = lambda v: v.value() if isinstance(v, Terms) else v  # noqa: E731
-    return rule.pair(fx.node.map_aggregate(args, plain), fx.node.map_aggregate(kwargs, plain), ctx)
-
-
-def _channel_summed(rule: R.FixedMap, first: Terms, args, kwargs, ctx) -> Tensor:
-    """The fixed map of the channel sum (the terms' overlaps, not the plain value) in channel 0, zeros elsewhere:
-    what a reader that sums every entry needs, as ``Σ_c f(v)_c = f(Σ_c v_c)`` for a channel-wise ``f``."""
-    total = rule.pair((first.channel_sum(), *args[1:]), kwargs, ctx)
-    rest = total.new_zeros(len(total), first.shape[0] - 1, *total.shape[2:])
-    return torch.cat([total, rest], 1)
-
-
-def _channelwise(rule: R.FixedMap, args, kwargs) -> bool:
-    """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)``, with one coefficient ``c_o`` for
-    all channels (checked once per rule on random values: a linear map that is not channel-wise fails it almost
-    surely)."""
-    c = getattr(rule, "c", None)
-    if not isinstance(c, (int, float)) and not (isinstance(c, Tensor) and (
-            c.numel() == 1 or (c.dim() == len(rule.out_shape) and c.shape[1] == 1))):
-        return False
-    if getattr(rule, "_channelwise", None) is None:
-        shape = tuple(rule.in_shape[1:])
-        probe = torch.randn(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-        probe = probe.to(args[0].ctx.a.device)
-        out = rule.call((probe, *args[1:]), kwargs)
-        ok = out.dim() == probe.dim() and out.shape[1] == shape[0] and len(shape) >= 2
-        if ok:
-            summed = rule.call((probe.sum(1, keepdim=True), *args[1:]), kwargs)
-            ok = summed.shape == out.sum(1, keepdim=True).shape and \
-                bool(torch.allclose(summed, out.sum(1, keepdim=True), rtol=1e-10, atol=1e-10))
-        rule._channelwise = ok
-    return rule._channelwise
-
-
-def _summed_by_reader(node: fx.Node, graph) -> bool:
-    """Whether the node's only reader is a flatten from dim 1 whose only reader is a Linear (whose pair rule sums
-    every entry of its input)."""
-    if len(node.users) != 1:
-        return False
-    flat = next(iter(node.users))
-    if len(flat.users) != 1 or not flat.args or flat.args[0] is not node or \
-            not isinstance(graph.rules.get(next(iter(flat.users)).name), R.Linear):
-        return False
-    if flat.op == "call_module" and flat.graph.owning_module is not None:
-        module = flat.graph.owning_module.get_submodule(flat.target)
-        return isinstance(module, torch.nn.Flatten) and (module.start_dim, module.end_dim) == (1, -1)
-    if flat.op not in ("call_method", "call_function") or flat.target not in ("flatten", torch.flatten):
-        return False
-    start = flat.args[1] if len(flat.args) > 1 else flat.kwargs.get("start_dim", 0)
-    end = flat.args[2] if len(flat.args) > 2 else flat.kwargs.get("end_dim", -1)
-    return start == 1 and end == -1
-
-
-def _shape(v) -> tuple[int, ...]:
+def pair_shape(v) -> tuple[int, ...]:
+    """The shape of one pair's value (a :class:`Terms` or a plain pair value)."""
     return v.shape if isinstance(v, Terms) else tuple(v.shape[1:])
 
 
-def run_factored(graph, x: Tensor, ctx) -> Tensor:
-    """The pair network of ``graph`` on the samples ``x`` (``(m, *input_shape)``) for the pairs of ``ctx`` (an
-    outer block), channels factored: the loop of :func:`lightning_nsv.kernel.graph.run` with :func:`_step` in place
-    of ``rule.pair``, the pair input ``x ⊙ x'`` one term of the per-sample factors ``x[a]``, ``x[b]``."""
-    x = Terms(ctx, tuple(x.shape[1:]), [(None, x[ctx.a], x[ctx.b])])
-    env: dict[fx.Node, Any] = {}
-    look_up = env.__getitem__
-    summed = graph.__dict__.get("_summed_by_reader")
-    if summed is None:  # a property of the graph: found once
-        summed = graph.__dict__["_summed_by_reader"] = {node: _summed_by_reader(node, graph) for node in graph.nodes}
-    for node, dead in zip(graph.nodes, graph.frees):
-        if node.op == "output":
-            out = env[node.args[0]]
-            return out.value() if isinstance(out, Terms) else out
-        env[node] = x if node.op == "placeholder" else graph.consts[node.target] if node.op == "get_attr" else \
-            _step(graph.rules[node.name], fx.node.map_arg(node.args, look_up), fx.node.map_arg(node.kwargs, look_up),
-                  ctx, summed[node])
-        for name in dead:
-            del env[name]
-    raise AssertionError("an fx graph ends with its output node")
+def has_channels(v) -> bool:
+    """Whether ``v`` is a pair value with channels and positions (the factored forms' domain)."""
+    return isinstance(v, (Tensor, Terms)) and len(pair_shape(v)) >= 2
+
+
+def plain(v):
+    """``v`` with every :class:`Terms` summed into its plain pair value (through tuples, lists and dicts)."""
+    return fx.node.map_aggregate(v, lambda t: t.value() if isinstance(t, Terms) else t)

@@ -179,8 +179,11 @@ class Recorder:
 
 def run(graph: PiecewiseGraph, x: Tensor, mode: str, ctx=None, capture: str | None = None,
         after=None) -> Tensor:
-    """Evaluate ``graph`` on ``x`` in ``mode`` (``forward``, ``pair``, ``norm`` or ``program``, see :mod:`rules`); with
-    ``capture`` the value of that node instead of the output; ``after(node, args, value)`` sees every call."""
+    """Evaluate ``graph`` on ``x`` in ``mode`` (``forward``, ``pair``, ``factored``, ``norm`` or ``program``, see
+    :mod:`rules`): each node's rule in that mode, with ``ctx`` (a :class:`ForwardContext`, a
+    :class:`~lightning_nsv.kernel.factored.PairContext` or :class:`~lightning_nsv.kernel.factored.FactoredContext`,
+    a :class:`~lightning_nsv.kernel.pair_program.ProgramContext`); with ``capture`` the value of that node instead of
+    the output; ``after(node, args, value)`` sees every call."""
     env: dict[fx.Node, Any] = {}
     for i, node in enumerate(graph.nodes):
         if node.op == "placeholder":
@@ -197,6 +200,8 @@ def run(graph: PiecewiseGraph, x: Tensor, mode: str, ctx=None, capture: str | No
                 value = rule.forward(args, kwargs, ctx)
             elif mode == "pair":
                 value = rule.pair(args, kwargs, ctx)
+            elif mode == "factored":
+                value = rule.factored(args, kwargs, ctx)
             elif mode == "program":
                 value = rule.program(args, kwargs, ctx)
             else:
@@ -246,6 +251,7 @@ def _probe(graph: PiecewiseGraph, module: nn.Module, example: Tensor, classifier
     graph.chain = _chain(graph, classifier, env_shapes)
     graph.dynamic = frozenset(n.name for n in classifier.dynamic)
     _mark_collapsible_gates(graph, classifier)
+    _mark_summed_maps(graph, classifier)
 
 
 def _check_output(graph: PiecewiseGraph, module: nn.Module, example: Tensor, out: Tensor) -> None:
@@ -345,6 +351,19 @@ def _mark_collapsible_gates(graph: PiecewiseGraph, classifier: Classifier) -> No
         if not sums and _flattens_from_one(user, classifier) and len(user.users) == 1:
             sums = isinstance(graph.rules.get(next(iter(user.users)).name), R.Linear)
         rule.collapse = sums and _constant_channels(node.all_input_nodes[0], graph)
+
+
+def _mark_summed_maps(graph: PiecewiseGraph, classifier: Classifier) -> None:
+    """A fixed map whose only reader is a flatten from dim 1 whose only reader is a Linear (whose pair form sums every
+    entry of its input): the factored network passes its channel sum (:meth:`~lightning_nsv.kernel.rules.FixedMap.
+    factored`)."""
+    for node in graph.nodes:
+        rule = graph.rules.get(node.name)
+        if not isinstance(rule, R.FixedMap) or len(node.users) != 1:
+            continue
+        flat = next(iter(node.users))
+        rule.summed = bool(flat.args) and flat.args[0] is node and len(flat.users) == 1 and \
+            _flattens_from_one(flat, classifier) and isinstance(graph.rules.get(next(iter(flat.users)).name), R.Linear)
 
 
 def _flattens_from_one(node: fx.Node, classifier: Classifier) -> bool:

@@ -16,7 +16,7 @@ from torch import Tensor
 from lightning_nsv.errors import NonFiniteError
 from lightning_nsv.kernel.bitmasks import Bits
 from lightning_nsv.kernel.column_cache import ColumnCache, cached_columns, even_parts, symmetric_block
-from lightning_nsv.kernel.factored import channel_overlap, run_factored
+from lightning_nsv.kernel.factored import Terms, channel_overlap, plain
 from lightning_nsv.kernel.gates import MEMORY_BYTES, Gates, rows_per_block, compute_gates
 from lightning_nsv.kernel.summary import ScopeSummary, scope_summary, unique_patterns
 from lightning_nsv.kernel.graph import PiecewiseGraph, run
@@ -39,7 +39,9 @@ CACHE_BYTES = 1 << 30
 
 class _PairContext:
     """Gate products ``sigma(x) sigma(x')`` and shared max-pool selections of the pairs in a block: every
-    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``.
+    ``(a[i], b[j])`` when ``outer`` (pair ``i·len(b) + j``), else ``(a[p], b[p])``. The context of the ``pair``
+    and ``factored`` modes (:class:`~lightning_nsv.kernel.factored.PairContext`,
+    :class:`~lightning_nsv.kernel.factored.FactoredContext`).
 
     Gates stay bits until a block needs them: the slopes of the block's rows and of its columns are formed once
     per gate layer (``len(a) + len(b)`` samples, not one value per pair) and multiply the pair values by
@@ -74,6 +76,14 @@ class _PairContext:
         packed = self.gates.packed(name, gamma)
         return packed[self.a], packed[self.b]
 
+    def selections(self, name: str) -> Tensor:
+        """Every sample's choices at max pool or max over a dim ``name``."""
+        return self.gates.selections[name]
+
+    def hits(self, name: str, j: int, unit: Tensor, valid: Tensor) -> Bits:
+        """Whether each sample selects unit ``j`` of max pool ``name``'s windows, as packed bits."""
+        return self.gates.hits(name, j, unit, valid)
+
     def gate(self, name: str, v: Tensor) -> Tensor:
         """DESIGN.md §2c: a gate multiplies the pair value by ``sigma(x) sigma(x')``."""
         first, second = self.sides(name)
@@ -91,7 +101,7 @@ class _PairContext:
         return channel_overlap(first, second, self.outer).reshape(-1, *first.shape[2:])
 
     def select(self, name: str, first: Tensor, second: Tensor) -> Tensor:
-        """A selection between two branches (:class:`~lightning_nsv.kernel.rules.Select`): the pair values of the
+        """A selection between two branches (:class:`~lightning_nsv.kernel.choice_rules.Select`): the pair values of the
         branch both samples choose, else 0."""
         bits = self.gates.bits[name]
         chose = lambda t: t.to(torch.float64)  # noqa: E731
@@ -233,7 +243,7 @@ class PairNetworkColumns(KernelColumns):
         # the factored network's per-sample work (len(a) + len(b) samples a block) pays only in blocks of many rows
         # and columns; aligned pairs (the diagonal) gain nothing
         if self.factored and outer and min(len(a), len(b)) >= self.factored_min_side:
-            out = run_factored(self.graph, self.x, ctx)
+            out = plain(run(self.graph, Terms.input(ctx, self.x), "factored", ctx))
         else:
             out = run(self.graph, ctx.combine(self.x, torch.mul), "pair", ctx)
         if out.dim() == 2:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_nsv.kernel.factored import Terms, has_channels
 from lightning_nsv.kernel.rules import Gate, Rule
 from lightning_nsv.kernel.ties import near_ties
 
@@ -70,6 +71,14 @@ class PieceGate(Rule):
     def pair(self, args, kwargs, ctx):
         return ctx.piece(self, args[0])
 
+    def factored(self, args, kwargs, ctx):
+        """The slopes on every factor, the flat values a term of their own (a path start)."""
+        if not has_channels(args[0]):
+            return super().factored(args, kwargs, ctx)
+        (s_first, c_first), (s_second, c_second) = ctx.piece_sides(self)
+        gated = Terms.of(ctx, args[0]).gate(s_first, s_second)
+        return gated + Terms(ctx, gated.shape, [(None, c_first, c_second)]) if self.starts else gated
+
     def norm(self, args, kwargs):
         return args[0] + 1.0 if self.starts else args[0]
 
@@ -92,6 +101,9 @@ class WhereGate(Gate):
     def pair(self, args, kwargs, ctx):
         return ctx.gate(self.name, args[self.position])
 
+    def factored(self, args, kwargs, ctx):
+        return self.factored_gate(args[self.position], args, kwargs, ctx)
+
     def norm(self, args, kwargs):
         return args[self.position]
 
@@ -106,6 +118,9 @@ class ForwardOnly(Rule):
     kind = "forward only"
 
     def pair(self, args, kwargs, ctx):
+        return None
+
+    def factored(self, args, kwargs, ctx):
         return None
 
     def norm(self, args, kwargs):
@@ -156,6 +171,12 @@ class LineMax(Rule):
     def pair(self, args, kwargs, ctx):
         return self._out(ctx.line_select(self, args[0]))
 
+    def factored(self, args, kwargs, ctx):
+        """Each term split over the candidates of its line (:meth:`~lightning_nsv.kernel.factored.Terms.line_max`)."""
+        if has_channels(args[0]) and len(self.out_shape) >= 2:
+            return self._out(Terms.of(ctx, args[0]).line_max(self))
+        return super().factored(args, kwargs, ctx)
+
     def norm(self, args, kwargs):
         return self._out(args[0].sum(self.dim, keepdim=self.keepdim))
 
@@ -170,6 +191,9 @@ class TakeValues(Rule):
 
     def __init__(self, where: str) -> None:
         super().__init__(where, lambda args, kwargs: args[0][0])
+
+    def factored(self, args, kwargs, ctx):
+        return args[0][0]  # the values as they are: terms stay terms
 
     def program(self, args, kwargs, ctx):
         return args[0][0]

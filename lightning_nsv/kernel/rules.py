@@ -1,9 +1,13 @@
-"""The operation table of DESIGN.md §2c: one rule per piecewise-linear operation, in four modes (fx-mapped
+"""The operation table of DESIGN.md §2c: one rule per piecewise-linear operation, in five modes (fx-mapped
 arguments; dim 0 holds samples, pairs of samples or the single all-ones input):
 
 - ``forward``: the float64 network; gates, max pools and selections record their choices (a ``ForwardContext``).
 - ``pair``: the *pair network* on ``x ⊙ x'``: parameter edges 1, fixed constants squared, a shift adds 1, gates
-  multiply by ``sigma(x) sigma(x')``, a max pool or selection passes what both samples choose.
+  multiply by ``sigma(x) sigma(x')``, a max pool or selection passes what both samples choose (``ctx``: a
+  :class:`~lightning_nsv.kernel.factored.PairContext`).
+- ``factored``: the pair network with channels kept factored (:mod:`lightning_nsv.kernel.factored`): a value is a
+  :class:`~lightning_nsv.kernel.factored.Terms` or a plain pair value (``ctx``: a
+  :class:`~lightning_nsv.kernel.factored.FactoredContext`); by default the ``pair`` form on plain values.
 - ``norm``: the *norm network* on ones: weights squared, fixed maps 1 on each edge (their constants are in ``phi``:
   the enumerated paths' ``||wbar||²`` agrees), gates 1, every window unit, a shift ``b`` adds ``b²``.
 - ``program``: the pair network's form in the compiled program (``ctx``: a
@@ -11,13 +15,13 @@ arguments; dim 0 holds samples, pairs of samples or the single all-ones input):
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_nsv.kernel.factored import Terms, has_channels, pair_shape, plain
 from lightning_nsv.kernel.pair_code import NotFusable
 from lightning_nsv.kernel.ties import near_ties
 from lightning_nsv.kernel.slopes import gate_slopes
@@ -47,6 +51,10 @@ class Rule:
 
     def pair(self, args, kwargs, ctx):
         return self.call(args, kwargs)
+
+    def factored(self, args, kwargs, ctx):
+        """The factored form; by default the pair form on the plain values (every :class:`Terms` summed)."""
+        return self.pair(plain(args), plain(kwargs), ctx)
 
     def norm(self, args, kwargs):
         return self.call(args, kwargs)
@@ -85,6 +93,9 @@ class Identity(Rule):
     def __init__(self, where: str) -> None:
         super().__init__(where, lambda args, kwargs: args[0])
 
+    def factored(self, args, kwargs, ctx):
+        return args[0] if isinstance(args[0], Terms) else super().factored(args, kwargs, ctx)
+
     def program(self, args, kwargs, ctx):
         return args[0]
 
@@ -113,6 +124,13 @@ class BranchSum(Rule):
 
     def pair(self, args, kwargs, ctx):
         return args[0] + args[1]
+
+    def factored(self, args, kwargs, ctx):
+        """The terms of both branches, joined (where one is factored and the shapes agree)."""
+        a, b = args[0], args[1]
+        if (isinstance(a, Terms) or isinstance(b, Terms)) and pair_shape(a) == pair_shape(b):
+            return Terms.of(ctx, a) + Terms.of(ctx, b)
+        return super().factored(args, kwargs, ctx)
 
     def norm(self, args, kwargs):
         return args[0] + args[1]
@@ -150,6 +168,16 @@ class Gate(Rule):
         if self.collapse and ctx.collapse:  # Σ_c v sigma_c(x) sigma_c(x') = v · C[p](x, x')
             return args[0][:, :1] * ctx.overlap(self.name).unsqueeze(1)
         return ctx.gate(self.name, args[0])
+
+    def factored(self, args, kwargs, ctx):
+        return self.factored_gate(args[0], args, kwargs, ctx)
+
+    def factored_gate(self, v, args, kwargs, ctx):
+        """The slopes on every factor of the terms of ``v`` (``len(a) + len(b)`` samples of work), bits where the
+        layer is ReLU-type; a plain value that collapses, or one without channels, takes the pair form."""
+        if has_channels(v) and not (self.collapse and ctx.collapse and isinstance(v, Tensor)):
+            return Terms.of(ctx, v).gate(*(ctx.bit_sides(self.name) or ctx.sides(self.name)))
+        return Rule.factored(self, args, kwargs, ctx)
 
     def norm(self, args, kwargs):
         return args[0]
@@ -231,6 +259,12 @@ class Conv(Rule):
         return v.unsqueeze(2).expand(v.shape[0], g, c_out // g, *self.out_size).reshape(v.shape[0], c_out,
                                                                                         *self.out_size)
 
+    def factored(self, args, kwargs, ctx):
+        """groups=1 on terms: the pair form of their channel sum (overlaps by GEMMs over channels)."""
+        if self.groups == 1 and isinstance(args[0], Terms):
+            return self.pair((args[0].channel_sum(),), kwargs, ctx)
+        return super().factored(args, kwargs, ctx)
+
     def norm(self, args, kwargs):
         return self._conv(args[0], self.weight ** 2, None if self.bias is None else self.bias ** 2)
 
@@ -257,6 +291,15 @@ class BatchNorm(Rule):
     def pair(self, args, kwargs, ctx):
         return args[0] + 1.0
 
+    def factored(self, args, kwargs, ctx):
+        """A term ``1``; on a plain value whose channels are a broadcast view (after a conv), a view still."""
+        v = args[0]
+        if isinstance(v, Terms):
+            return v.plus_one()
+        if isinstance(v, Tensor) and v.dim() > 2 and v.stride(1) == 0:
+            return (v[:, :1] + 1.0).expand(v.shape)
+        return super().factored(args, kwargs, ctx)
+
     def norm(self, args, kwargs):
         z = args[0]
         return z * self._channel(self.scale ** 2, z) + self._channel(self.shift ** 2, z)
@@ -271,10 +314,13 @@ class FixedMap(Rule):
     pair: ``Σ c_o² x = c_o · (A x)_o``; norm (``wbar`` has weight 1 on these edges): ``Σ x = (A x)_o / c_o``."""
 
     kind = "fixed"
+    # set by the trace when the only reader is a flatten from dim 1 read only by a Linear (which sums every entry)
+    summed = False
 
     def __init__(self, where: str, call, coefficient: Callable[[tuple, tuple], Any]) -> None:
         super().__init__(where, call)
         self._coefficient = coefficient  # (in_shape, out_shape) -> c_o, broadcastable to the output
+        self.channelwise: bool | None = None  # Σ_c f(v)_c = f(Σ_c v_c) (:meth:`is_channelwise`), found once
 
     def bind(self, in_shape, out_shape):
         self.c = self._coefficient(in_shape, out_shape)
@@ -285,6 +331,40 @@ class FixedMap(Rule):
 
     def pair(self, args, kwargs, ctx):
         return self.call(args, kwargs) * self.c
+
+    def factored(self, args, kwargs, ctx):
+        """Read by a sum of every entry (:attr:`summed`) and channel-wise: the map of the terms' channel sum."""
+        if self.summed and isinstance(args[0], Terms) and self.is_channelwise(args, kwargs, ctx.a.device):
+            return self.channel_summed(args[0], args, kwargs, ctx)
+        return super().factored(args, kwargs, ctx)
+
+    def channel_summed(self, v: Terms, args, kwargs, ctx) -> Tensor:
+        """The map of the channel sum (the terms' overlaps, not the plain value) in channel 0, zeros elsewhere: what
+        a reader that sums every entry needs, as ``Σ_c f(v)_c = f(Σ_c v_c)`` for a channel-wise ``f``."""
+        total = self.pair((v.channel_sum(), *args[1:]), kwargs, ctx)
+        rest = total.new_zeros(len(total), v.shape[0] - 1, *total.shape[2:])
+        return torch.cat([total, rest], 1)
+
+    def is_channelwise(self, args, kwargs, device) -> bool:
+        """Whether the map acts on each channel alike, ``Σ_c f(v)_c = f(Σ_c v_c)``, with one coefficient ``c_o``
+        for all channels (checked once on random values: a linear map that is not channel-wise fails it almost
+        surely)."""
+        c = self.c
+        if not isinstance(c, (int, float)) and not (isinstance(c, Tensor) and (
+                c.numel() == 1 or (c.dim() == len(self.out_shape) and c.shape[1] == 1))):
+            return False
+        if self.channelwise is None:
+            shape = tuple(self.in_shape[1:])
+            probe = torch.randn(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+            probe = probe.to(device)
+            out = self.call((probe, *args[1:]), kwargs)
+            ok = out.dim() == probe.dim() and out.shape[1] == shape[0] and len(shape) >= 2
+            if ok:
+                summed = self.call((probe.sum(1, keepdim=True), *args[1:]), kwargs)
+                ok = summed.shape == out.sum(1, keepdim=True).shape and \
+                    bool(torch.allclose(summed, out.sum(1, keepdim=True), rtol=1e-10, atol=1e-10))
+            self.channelwise = ok
+        return self.channelwise
 
     def norm(self, args, kwargs):
         return self.call(args, kwargs) * self.inverse
@@ -368,82 +448,3 @@ class Shift(Rule):
 
     def program(self, args, kwargs, ctx):
         return ctx.shift(self, args[self.position])
-
-
-class Select(Rule):
-    """``torch.maximum``/``minimum`` of two input-dependent branches: a selection between them (§2c), the edge from
-    the branch chosen, indicator 1 (ties: the first branch). Recorded as a gate layer ``name`` whose bit is set where
-    the first branch is chosen. Pair: the branch both samples choose, else 0; norm: both branches (gate 1)."""
-
-    kind = "select"
-
-    def __init__(self, where: str, name: str, minimum: bool) -> None:
-        super().__init__(where, None)
-        self.name, self.minimum = name, minimum
-
-    def forward(self, args, kwargs, ctx):
-        a, b = args[0], args[1]
-        first = a <= b if self.minimum else a >= b
-        ctx.record(self.name, first)
-        if ctx.watch_ties:
-            ctx.tie(near_ties((a - b).abs(), torch.maximum(a.abs(), b.abs()), exact_zero=(a == 0) & (b == 0)))
-        return torch.where(first, a, b)
-
-    def pair(self, args, kwargs, ctx):
-        return ctx.select(self.name, args[0], args[1])
-
-    def norm(self, args, kwargs):
-        return args[0] + args[1]
-
-    def program(self, args, kwargs, ctx):
-        return ctx.select(self, args[0], args[1])
-
-
-class MaxPool(Rule):
-    """Max pooling (also adaptive): the edge from the selected input unit (ties: torch's index on the float64
-    forward). Pair: the unit both samples select, else 0; norm: every unit of the window (gate 1)."""
-
-    kind = "maxpool"
-
-    def __init__(self, where: str, name: str, pool: Callable[[Tensor], tuple[Tensor, Tensor]],
-                 window_sum: Callable[[Tensor, tuple], Tensor]) -> None:
-        super().__init__(where, None)
-        self.name, self.pool, self.window_sum = name, pool, window_sum
-
-    def bind(self, in_shape, out_shape):
-        self.in_shape, self.out_shape = in_shape, out_shape
-
-    def forward(self, args, kwargs, ctx):
-        out, index = self.pool(args[0])
-        ctx.record(self.name, index.to(torch.int32))
-        if ctx.watch_ties:  # the runner-up of each window: the input with the chosen unit at -inf
-            rest = args[0].flatten(2).scatter(2, index.flatten(2), float("-inf")).view_as(args[0])
-            ctx.tie(near_ties(out - self.pool(rest)[0], args[0], exact_zero=out == 0))
-        return out
-
-    def pair(self, args, kwargs, ctx):
-        return ctx.pool(self.name, args[0])
-
-    def norm(self, args, kwargs):
-        return self.window_sum(args[0], self.out_shape)
-
-    def program(self, args, kwargs, ctx):
-        return ctx.max_pool(self, args[0])
-
-    def candidates(self, device) -> tuple[Tensor, Tensor]:
-        """The units of each output's window within a channel's plane (flat indices), ``(outputs, k)`` int64,
-        and which are real (windows of an adaptive pool differ in size), from :attr:`window_sum` on the unit
-        inputs; once per rule."""
-        if getattr(self, "_candidates", None) is None or self._candidates[0].device != torch.device(device):
-            spatial = tuple(self.in_shape[2:])
-            units = math.prod(spatial)
-            member = []
-            for lo in range(0, units, 1024):
-                basis = torch.zeros(min(1024, units - lo), units, dtype=torch.float64, device=device)
-                basis[torch.arange(len(basis)), torch.arange(lo, lo + len(basis))] = 1.0
-                member.append(self.window_sum(basis.view(len(basis), 1, *spatial), self.out_shape).flatten(1) != 0)
-            member = torch.cat(member).T  # (outputs, units)
-            k = int(member.sum(1).max())
-            order = torch.sort(member.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :k]
-            self._candidates = (order, torch.gather(member, 1, order))
-        return self._candidates

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_nsv.kernel import linear_vocabulary as V
+from lightning_nsv.kernel import choice_rules as C
 from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.piece_table import check_readers, module_piece, vocabulary_rule
 from lightning_nsv.kernel.refusals import BUFFER, EVAL, REWRITE, TRUNK, NotPiecewiseLinearError, refuse, why_not
@@ -243,20 +244,20 @@ class Classifier:
         scale = gamma / torch.sqrt(var + m.eps)
         return R.BatchNorm(where, scale, beta - scale * mean)
 
-    def max_pool(self, node, where, n, kernel, stride, padding, dilation, ceil_mode) -> R.MaxPool:
+    def max_pool(self, node, where, n, kernel, stride, padding, dilation, ceil_mode) -> C.MaxPool:
         k = _tuple(kernel, n)
         s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _tuple(stride, n)
         p, d = _tuple(padding, n), _tuple(dilation, n)
         pool = _MAX_FN[n]
         self.pools.append((node.name, where))
-        return R.MaxPool(where, node.name,
+        return C.MaxPool(where, node.name,
                          lambda x: pool(x, k, s, p, d, ceil_mode=ceil_mode, return_indices=True),
                          lambda x, out: R.box_sum(x, k, s, p, d, out[2:]))
 
-    def adaptive_max_pool(self, node, where, n, output_size) -> R.MaxPool:
+    def adaptive_max_pool(self, node, where, n, output_size) -> C.MaxPool:
         pool, average = _ADAPTIVE_MAX_FN[n], _ADAPTIVE_AVG_FN[n]
         self.pools.append((node.name, where))
-        rule = R.MaxPool(where, node.name, lambda x: pool(x, output_size, return_indices=True),
+        rule = C.MaxPool(where, node.name, lambda x: pool(x, output_size, return_indices=True),
                          lambda x, out: average(x, output_size) / rule.coefficient)
         bind = rule.bind
 
@@ -280,7 +281,7 @@ class Classifier:
             return rule
         if target in _SELECTIONS and sum(dyn) == 2 and len(node.args) == 2 and not node.kwargs:
             self.gates.append((node.name, where, 0.0, 1.0))  # bit: the first branch is chosen
-            return R.Select(where, node.name, minimum=name in ("minimum", "min"))
+            return C.Select(where, node.name, minimum=name in ("minimum", "min"))
         if sum(dyn) >= 2 and target not in _ADD | _SUB | {torch.cat, torch.concat, torch.stack}:
             raise refuse(where, f"{name} of two input-dependent tensors multiplies paths of both (a product is not "
                                 "linear in path space)")
