@@ -89,11 +89,27 @@ def _resolve(module: nn.Module, dotted: str, what: str) -> nn.Module:
         ) from None
 
 
+#: Names of a trunk and the head after it, read as such where a module has both (and no other outermost Sequential).
+TRUNK_AND_HEAD = (("trunk", "head"), ("features", "classifier"), ("backbone", "head"), ("body", "head"),
+                  ("encoder", "head"))
+
+
+def _outermost_sequentials(module: nn.Module) -> list[tuple[str, nn.Sequential]]:
+    candidates = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Sequential)]
+    return [(n, s) for n, s in candidates if not any(n.startswith(o + ".") for o, _ in candidates if o != n)]
+
+
+def trunk_and_head(module: nn.Module) -> tuple[str, str] | None:
+    """``(trunk, head)`` where the module's only outermost Sequentials are named as in :data:`TRUNK_AND_HEAD`."""
+    names = {name for name, _ in _outermost_sequentials(module)}
+    found = [pair for pair in TRUNK_AND_HEAD if names == set(pair)]
+    return found[0] if found else None
+
+
 def _find_sequential(module: nn.Module) -> tuple[str, nn.Sequential]:
     if isinstance(module, nn.Sequential):
         return type(module).__name__, module
-    candidates = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Sequential)]
-    outermost = [(n, s) for n, s in candidates if not any(n.startswith(o + ".") for o, _ in candidates if o != n)]
+    outermost = _outermost_sequentials(module)
     if len(outermost) != 1:
         found = ", ".join(n for n, _ in outermost) or "none"
         raise UnsupportedNetworkError(
@@ -107,7 +123,10 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
     """Locate the Linear/Leaky-ReLU chain that ends a network.
 
     Without arguments the module itself (if an ``nn.Sequential``) or its only outermost ``nn.Sequential`` is
-    read; the layers after its last ``nn.Flatten`` form the head and those up to it the trunk.
+    read; the layers after its last ``nn.Flatten`` form the head and those up to it the trunk. A module whose only
+    outermost Sequentials are a trunk and a head named as in :data:`TRUNK_AND_HEAD` (``trunk`` and ``head``,
+    ``features`` and ``classifier``, …) is read as ``path_module=head, embedding=trunk``; the callback checks that
+    the module's output is that head's.
 
     Args:
         module: the network or LightningModule.
@@ -118,6 +137,10 @@ def find_path_part(module: nn.Module, path_module: str | None = None, embedding:
         UnsupportedNetworkError: naming the module and layer when the head holds anything else than
             the supported layers.
     """
+    if path_module is None and embedding is None and not isinstance(module, nn.Sequential):
+        named = trunk_and_head(module)
+        if named is not None:  # e.g. `self.trunk` and `self.head`: the head after the trunk as a fixed embedding
+            embedding, path_module = named
     name, seq = _head_sequential(module, path_module)
     layers = list(seq.children())
     flatten_at = max((i for i, layer in enumerate(layers) if isinstance(layer, nn.Flatten)), default=-1)

@@ -48,8 +48,8 @@ class Trunk(nn.Module):
 
 
 class CNN(pl.LightningModule):
-    """``split``: trunk and head as two submodules (no head found by default); else one nn.Sequential holding the
-    trunk, nn.Flatten and the head, as ConvFCNet does."""
+    """``split``: trunk and head as two submodules (``"unnamed"``: named so that no head is found by default); else
+    one nn.Sequential holding the trunk, nn.Flatten and the head, as ConvFCNet does."""
 
     def __init__(self, kind="relu", classes=1, split=False):
         super().__init__()
@@ -58,11 +58,17 @@ class CNN(pl.LightningModule):
         head = [nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, classes)]
         if split:
             self.trunk, self.head = nn.Sequential(Trunk(kind)), nn.Sequential(*head)
+            if split == "unnamed":
+                self.trunk, self.head = nn.ModuleList([self.trunk]), nn.ModuleList([self.head])
         else:
             self.net = nn.Sequential(Trunk(kind), nn.Flatten(), *head)
 
     def forward(self, x):
-        out = self.head(torch.flatten(self.trunk(x), 1)) if self.split else self.net(x)
+        if not self.split:
+            out = self.net(x)
+        else:
+            trunk, head = (self.trunk[0], self.head[0]) if self.split == "unnamed" else (self.trunk, self.head)
+            out = head(torch.flatten(trunk(x), 1))
         return out[:, 0] if self.classes == 1 else out
 
     def training_step(self, batch, batch_idx):
@@ -201,7 +207,7 @@ def test_auto_falls_back_to_the_head_with_one_line_saying_why(tmp_path, monkeypa
 def test_auto_without_a_head_refuses_with_both_reasons(tmp_path):
     with pytest.raises(NoAnalysableScopeError, match=r"CNN has nothing the analysis can read: .*gelu.*is not "
                        r"piecewise linear.*and it has no head: CNN: could not tell which nn.Sequential"):
-        _fit(tmp_path, CNN("gelu", split=True), DigitsDataModule(m=40, batch_size=10, seed=0),
+        _fit(tmp_path, CNN("gelu", split="unnamed"), DigitsDataModule(m=40, batch_size=10, seed=0),
              NetworkSupportVectors(), max_epochs=1)
 
 

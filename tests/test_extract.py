@@ -48,8 +48,14 @@ def test_finds_the_sequential_of_a_lightning_module_and_named_parts():
             self.head = nn.Sequential(nn.Linear(8, 3), nn.ReLU(), nn.Linear(3, 1))
 
     module = TwoParts()
-    with pytest.raises(UnsupportedNetworkError, match="could not tell which nn.Sequential .*found: trunk, head"):
+    found = find_path_part(module)  # named `trunk` and `head`: read as such
+    assert found.name == "TwoParts.head" and found.embedding is module.trunk
+    module.stem, module.top = module.trunk, module.head  # other names: which is which is not said
+    del module.trunk, module.head
+    with pytest.raises(UnsupportedNetworkError, match="could not tell which nn.Sequential .*found: stem, top"):
         find_path_part(module)
+    module.trunk, module.head = module.stem, module.top
+    del module.stem, module.top
     part = find_path_part(module, path_module="head", embedding="trunk")
     x = torch.randn(4, 1, 4, 4)
     torch.testing.assert_close(head_output(part, x), module.head(module.trunk(x))[:, 0].double(), rtol=1e-5,
@@ -92,3 +98,39 @@ def test_bad_submodule_names():
         find_path_part(model, path_module="net.1")
     with pytest.raises(UnsupportedNetworkError, match="found: none"):
         find_path_part(nn.Module())
+
+
+class _TrunkAndHead(torch.nn.Module):
+    """A trunk (not piecewise linear) and a head named as researchers name them, the head after the trunk."""
+
+    def __init__(self, names=("trunk", "head")):
+        super().__init__()
+        self.names = names
+        setattr(self, names[0], torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.GELU(), torch.nn.Flatten()))
+        setattr(self, names[1], torch.nn.Sequential(torch.nn.Linear(72, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
+
+    def forward(self, x):
+        return getattr(self, self.names[1])(getattr(self, self.names[0])(x))
+
+
+@pytest.mark.parametrize("names", [("trunk", "head"), ("features", "classifier"), ("backbone", "head")])
+def test_a_head_beside_a_trunk_is_found_by_their_names(names):
+    from lightning_nsv.scope import choose_scope
+
+    module = _TrunkAndHead(names)
+    part = find_path_part(module)
+    x = torch.randn(5, 1, 8, 8)
+    assert part.name == f"_TrunkAndHead.{names[1]}" and part.embedding is getattr(module, names[0])
+    with torch.no_grad():
+        head = forward_with_slopes(part.path_network(), part.embed(x).double())[0]
+        torch.testing.assert_close(head, module(x).double()[:, 0], rtol=1e-5, atol=1e-6)
+    decision = choose_scope(module, x)  # GELU: the whole module is refused, `auto` falls back to that head
+    assert decision.scope.kind == "head" and "is not analysed because" in decision.fallback
+    assert decision.scope.output_mismatch(module, x, "the example") is None
+
+
+def test_names_alone_do_not_make_a_head_of_a_third_sequential():
+    module = _TrunkAndHead()
+    module.extra = torch.nn.Sequential(torch.nn.Identity())
+    with pytest.raises(UnsupportedNetworkError, match="could not tell which nn.Sequential"):
+        find_path_part(module)
