@@ -134,3 +134,22 @@ def test_names_alone_do_not_make_a_head_of_a_third_sequential():
     module.extra = torch.nn.Sequential(torch.nn.Identity())
     with pytest.raises(UnsupportedNetworkError, match="could not tell which nn.Sequential"):
         find_path_part(module)
+
+
+@pytest.mark.parametrize("after, suggests_whole", [(torch.sigmoid, False), (lambda out: 2 * out, True)])
+def test_a_head_that_is_not_the_output_suggests_the_whole_network_only_where_it_traces(after, suggests_whole):
+    from lightning_nsv.scope import ScopeRequest, choose_scope
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 1))
+
+        def forward(self, x):
+            return after(self.net(x))
+
+    module, x = Scaled(), torch.randn(8, 4)
+    scope = choose_scope(module, x, ScopeRequest("head")).scope
+    message = scope.output_mismatch(module, x, "the example")
+    assert "is not the output of its path part" in message
+    assert ("scope='whole'" in message) == suggests_whole
