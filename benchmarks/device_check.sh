@@ -28,8 +28,8 @@ print('cuda available', torch.cuda.is_available(), torch.cuda.get_device_name(0)
 } 2>&1 | tee "$out/env.txt"
 
 # the CUDA-gated tests (skipped without CUDA) and the torch solver against numpy
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_solver_device.py \
-  "tests/test_nsv_callback.py::test_the_torch_solver_gives_the_numpy_analysis" 2>&1 | tee "$out/tests.txt"
+python3 -m pytest -q -p no:cacheprovider -rs tests/solver/test_solver_device.py \
+  "tests/callbacks/test_nsv_callback.py::test_the_torch_solver_gives_the_numpy_analysis" 2>&1 | tee "$out/tests.txt"
 tests=${PIPESTATUS[0]}
 
 large=0
@@ -40,7 +40,7 @@ bench=${PIPESTATUS[0]}
 
 # the whole network: the compiled pair program's torch engine on the device against the CPU's numba runner, then
 # the analysis at m = 2,000 and 10,000 (its pairs run as torch operations over batches on the device)
-python3 -m pytest -q -p no:cacheprovider -rs "tests/test_pair_program.py::test_the_torch_engine_on_cuda_equals_numba" \
+python3 -m pytest -q -p no:cacheprovider -rs "tests/kernel/test_pair_program.py::test_the_torch_engine_on_cuda_equals_numba" \
   2>&1 | tee -a "$out/tests.txt"
 whole_tests=${PIPESTATUS[0]}
 python3 benchmarks/whole_network_scale.py --device "$device" --block-mib 1024 --sizes 2000 10000 --dense-max 0 \

@@ -12,7 +12,7 @@ torch seeds its generator from the operating system in every process, so a test 
 draws without seeding would see different numbers on every run. Each test module and each test therefore starts
 from a seed of its own, fixed by its name: the same numbers in any order and on every run. Property-based tests
 (``hypothesis``) draw the same examples on every run too (derandomized, no example database) unless
-``NSV_PROPERTY_SCALE`` asks for more of them (``tests/test_properties.py``).
+``NSV_PROPERTY_SCALE`` asks for more of them (``tests/kernel/test_properties.py``).
 """
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def _restore_loggers(saved: dict[str, tuple]) -> None:
         lg.propagate, lg.disabled = propagate, disabled
 
 
-def _seed_from(name: str) -> None:
+def _seed_from(nodeid: str) -> None:
+    """The seed of a test or a test module, fixed by its file's name and the test's (not by the folder it is in)."""
+    path, _, rest = nodeid.partition("::")
+    name = f"tests/{path.rpartition('/')[2]}" + (f"::{rest}" if rest else "")
     torch.manual_seed(zlib.crc32(name.encode()))
 
 

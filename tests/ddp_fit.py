@@ -1,4 +1,4 @@
-"""Run by tests/test_ddp.py in a subprocess: two CPU ranks (gloo), each writes what its callback holds."""
+"""Run by tests/callbacks/test_ddp.py in a subprocess: two CPU ranks (gloo), each writes what its callback holds."""
 import json
 import sys
 

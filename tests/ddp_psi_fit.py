@@ -1,4 +1,4 @@
-"""Run by tests/test_ddp.py in a subprocess: PsiRankMonitor on two CPU ranks (gloo) with a network that diverges
+"""Run by tests/callbacks/test_ddp.py in a subprocess: PsiRankMonitor on two CPU ranks (gloo) with a network that diverges
 after epoch 0 (``diverge``) or an error in rank 0's analysis (``error``); each rank writes what it saw."""
 import json
 import sys
