@@ -21,6 +21,7 @@ import os
 import sys
 import warnings
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +63,21 @@ def _restore_loggers(saved: dict[str, tuple]) -> None:
         lg.filters[:] = filters
         lg.handlers[:] = handlers
         lg.propagate, lg.disabled = propagate, disabled
+
+
+#: Folders whose tests fit Lightning models or start subprocesses: outside the quick subset.
+SLOW_FOLDERS = ("tests/callbacks/", "tests/cli/")
+SLOW_TESTS = frozenset(line.strip() for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+                       if line.strip() and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``quick``: the inner loop's subset (``python -m pytest -m quick``, under about 2 minutes on 2 cores), every
+    test but those of :data:`SLOW_FOLDERS` and of ``slow_tests.txt``; ``python -m pytest`` runs everything."""
+    for item in items:
+        function = item.nodeid.split("[")[0]
+        if not item.nodeid.startswith(SLOW_FOLDERS) and function not in SLOW_TESTS:
+            item.add_marker(pytest.mark.quick)
 
 
 def _seed_from(nodeid: str) -> None:
