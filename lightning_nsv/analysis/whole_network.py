@@ -32,6 +32,7 @@ from lightning_nsv.kernel import (
     trace,
     unique_patterns,
 )
+from lightning_nsv.kernel.cut import Float64Embedding, cut_network
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
@@ -192,6 +193,7 @@ def whole_network_support_vectors(
     budget_advice: str = BUDGET_ADVICE,
     traced: PiecewiseGraph | None = None,
     gates: Gates | None = None,
+    start: str | None = None,
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -256,6 +258,11 @@ def whole_network_support_vectors(
             used instead of a new trace.
         gates: the gates of ``x_train`` computed already on that graph (:func:`~lightning_nsv.kernel.compute_gates`,
             the same for any split of the samples), used instead of a new float64 forward.
+        start: the name of a submodule (``named_modules()``) or ``"input"``: the analysis starts at its input; what
+            comes before is a fixed embedding ``h(x)``, computed in float64 (eval mode), and the part after it is
+            analysed on ``h(x)`` (:func:`~lightning_nsv.kernel.cut.cut_network`; refused, naming the connection, where
+            a skip connection crosses the cut). ``traced`` and ``gates`` are then those of that part on ``h(x)``;
+            ``scope_name`` defaults to ``"layers from `start`"``.
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
@@ -265,6 +272,9 @@ def whole_network_support_vectors(
             the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
         ValueError: on labels, options, or memory that does not suffice.
     """
+    if start is not None:
+        module, x_train, x_val = _cut(module, start, x_train, x_val)
+        scope_name = f"layers from `{start}`" if scope_name == "whole network" else scope_name
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     check_scope_name(scope_name)
     time_budget = check_cost_options(time_budget, say, progress, budget_advice)
@@ -337,13 +347,17 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
 
 
 def whole_network_cost(module: nn.Module, x_sample: Tensor, m: int, n_val: int = 0, *,
-                       block_bytes: int = MEMORY_BYTES, memory_bytes: int | None = None) -> CostEstimate:
+                       block_bytes: int = MEMORY_BYTES, memory_bytes: int | None = None,
+                       start: str | None = None) -> CostEstimate:
     """What :func:`whole_network_support_vectors` of ``module`` on ``m`` training samples (and ``n_val`` validation
     samples) will cost, before training: the pair network's rate measured on the samples ``x_sample`` (a few dozen
     training inputs; the rate depends on the architecture, not the weights) and the memory the analysis allocates
     before its solver (refused here already where it does not fit). A few tenths of a second. ``m >= 1`` and
-    ``n_val >= 0`` are integers (Python or numpy); ``m`` may be smaller than ``len(x_sample)``."""
+    ``n_val >= 0`` are integers (Python or numpy); ``m`` may be smaller than ``len(x_sample)``. ``start``: of the
+    analysis from that cut on, as :func:`whole_network_support_vectors`."""
     started = time.perf_counter()
+    if start is not None:
+        module, x_sample, _ = _cut(module, start, x_sample, None)
     m, n_val = check_cost_arguments(x_sample, m, n_val, block_bytes, memory_bytes)
     check_input_shape(module, x_sample)
     graph = _trace(module, x_sample)
@@ -365,6 +379,13 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
     return ShardedPairColumns(columns, group, root).serve()
+
+
+def _cut(module: nn.Module, start: str, x_train: Tensor, x_val: Tensor | None) -> tuple[nn.Module, Tensor, Tensor | None]:
+    """The part of ``module`` after the cut at ``start`` and the float64 embedded inputs."""
+    cut = cut_network(module, start)
+    embed = Float64Embedding(cut.before)
+    return cut.after, embed(x_train), None if x_val is None else embed(x_val)
 
 
 def _trace(module: nn.Module, x_train: Tensor) -> PiecewiseGraph:

@@ -24,7 +24,7 @@ from lightning_nsv.analysis.checks import conflicting_duplicates, one_class_mess
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.solver.multiclass import class_labels, pair_margins
 from lightning_nsv.solver.options import SolverOptions, check_choice
-from lightning_nsv.scope import SCOPES, AnalysisOptions, Scope, ScopeRequest, check_request
+from lightning_nsv.scope import AnalysisOptions, Scope, ScopeRequest, check_request
 
 
 def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error: Any, intercept: Any, C: Any,
@@ -63,9 +63,6 @@ def _check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")
-    check_choice("scope", scope, SCOPES, "'whole' analyses the whole module, 'head' its Linear/Leaky-ReLU head after "
-                 "a fixed embedding (paper 000's CNN + FC), 'auto' the whole module unless `path_module`/`embedding` "
-                 "name a head or it is not piecewise linear")
     check_request(ScopeRequest(scope, path_module, embedding), AnalysisOptions(intercept=intercept,
                                                                                 multiclass=multiclass))
 
