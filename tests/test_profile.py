@@ -102,3 +102,20 @@ def test_the_profile_command_on_a_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["profile", f"--ckpt_path={checkpoint}", "--cuts", "net.99"])
     assert "no submodule 'net.99'" in capsys.readouterr().err
+
+
+def test_the_depth_profile_example_quick(tmp_path):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).parents[1] / "examples")
+    sys.path.insert(0, examples)
+    try:
+        profiles = importlib.import_module("depth_profile").main(["--quick", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(examples)
+    assert [r.cut for r in profiles["resnet"].rows] == ["input", "net.stages", "net.stages.2", "net.fc"]
+    assert profiles["cnn_fc"].rows[3].cut == "net.9" and profiles["cnn_fc"].rows[3].part == "head"
+    for name in ("depth_profile.md", "depth_profile.png", "depth_profile.pdf", "depth_profile_resnet.csv"):
+        assert (tmp_path / name).stat().st_size > 0, name

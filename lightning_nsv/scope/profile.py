@@ -74,7 +74,7 @@ class DepthProfile:
             shared = "–" if r.shared_with_next is None else str(r.shared_with_next)
             estimate = "–" if r.estimate_seconds is None else f"{r.estimate_seconds:.2g}"
             lines.append(f"| {r.index} | `{r.cut}` | {r.part} | {r.s} | {r.s_over_m:.3f} | {r.margin_ratio:.3g} | "
-                         f"{r.cosine:.3f} | {_percent(r.val_agreement)} | {r.bound:.3g} ({r.bits}) | "
+                         f"{r.cosine:.3g} | {_percent(r.val_agreement)} | {r.bound:.3g} ({r.bits}) | "
                          f"{r.unique_patterns} | {shared} | {estimate} | {r.seconds:.2g} |")
         return "\n".join(lines)
 
