@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_nsv.analysis import whole_network_support_vectors
+from lightning_nsv.analysis import whole_network_cost, whole_network_support_vectors
 from lightning_nsv.artifacts import load_support_vectors, reproduce
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel.cut import cut_network, valid_cuts
 from lightning_nsv.max_margin import max_margin
+from lightning_nsv.multiclass import multiclass_max_margin
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.scope import AnalysisOptions, CutScope, HeadScope, ScopeRequest, WholeScope, choose_scope
 from tests.pair_reference import output_phi
@@ -123,10 +124,11 @@ def test_every_intermediate_cut_equals_enumerated_paths_on_the_embedded_inputs(n
             assert relative(phi @ wbar, reference_out[:, k]) < TOL, (cut, k)
             assert relative(kernel, phi @ phi.T) < TOL, cut
         analysis = whole_network_support_vectors(module, x, y, start=cut, say=None, progress=False)
-        if graph.num_outputs == 1:
-            exact = max_margin(phi @ phi.T, torch.where(y > 0, 1.0, -1.0).double())
-            np.testing.assert_array_equal(analysis.svm.support_, exact.support_)
-            assert relative(analysis.svm.alpha_, exact.alpha_) < 1e-9, cut
+        reference = phi @ phi.T  # the enumerated kernel (every output has the same)
+        exact = max_margin(reference, torch.where(y > 0, 1.0, -1.0).double()) if graph.num_outputs == 1 else \
+            multiclass_max_margin(reference, y, graph.num_outputs, structured=False)
+        np.testing.assert_array_equal(analysis.svm.support_, exact.support_)
+        assert relative(analysis.svm.alpha_, exact.alpha_) < 1e-9, cut
         with eval_mode(module), torch.no_grad():
             embedded = scope.embed(x)
         again = scope.analyse(scope.freeze(), embedded, y, None, None, AnalysisOptions())
@@ -167,3 +169,33 @@ def test_the_callback_analyses_from_a_cut_and_its_file_reproduces(tmp_path, cut,
     again = reproduce(saved, module=CNN(split=True))
     assert again.svm.support_.tolist() == analysis.svm.support_.tolist()
     np.testing.assert_allclose(again.svm.alpha_, analysis.svm.alpha_, rtol=1e-8, atol=1e-12)
+
+
+def test_the_module_is_left_as_it_was_and_the_cost_of_a_cut_is_its_own():
+    torch.manual_seed(0)
+    module = randomise_bn(TinyResNet(), seed=4).train()
+    x = torch.randn(16, 1, 8, 8)
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    scope = choose_scope(module, x, ScopeRequest("from:conv1")).scope
+    h = scope.embed(x)
+    assert h.dtype == torch.float64 and module.training and all(p.dtype == torch.float32 for p in module.parameters())
+    assert all(torch.equal(state[k], v) for k, v in module.state_dict().items())
+    whole, cut = whole_network_cost(module, x, 200), whole_network_cost(module, x, 200, start="conv1")
+    assert cut.m == whole.m == 200 and cut.pairs == whole.pairs  # the same pairs, of a smaller network
+    assert scope.estimate_cost(x, 200, 0).engine == cut.engine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_module_gives_the_cpu_answer_from_a_cut():
+    torch.manual_seed(1)
+    x, y, xv, yv = digits([3, 8], 80, 30)
+    module = train_to_zero_error(tiny_cnn(), x, y).eval()
+    cpu = whole_network_support_vectors(module, x, y, xv, yv, start="3", say=None, progress=False)
+    gpu_module = copy.deepcopy(module).cuda()
+    scope = choose_scope(gpu_module, x.cuda(), ScopeRequest("from:3")).scope
+    with torch.no_grad():
+        embedded, embedded_val = scope.embed(x.cuda()), scope.embed(xv.cuda())
+    assert embedded.device.type == "cuda"
+    gpu = scope.analyse(scope.freeze(), embedded, y.cuda(), embedded_val, yv.cuda(), AnalysisOptions())
+    np.testing.assert_array_equal(gpu.svm.support_, cpu.svm.support_)
+    assert relative(gpu.svm.alpha_, cpu.svm.alpha_) < 1e-9
