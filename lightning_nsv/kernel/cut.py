@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -85,16 +85,16 @@ def _bypass(graph: fx.Graph, cut: fx.Node, dynamic: set[fx.Node]) -> tuple[fx.No
     return None
 
 
-def _copy(graph: fx.Graph, keep: Callable[[fx.Node], bool], env: dict[fx.Node, fx.Node]) -> fx.Graph:
-    """The nodes of ``graph`` that ``keep`` selects, in order, into a new graph (``env`` maps the nodes it already
-    holds); the output node left out."""
-    new = fx.Graph()
-    for key, value in list(env.items()):
-        env[key] = new.placeholder(value) if isinstance(value, str) else value
+def _copy(graph: fx.Graph, keep: Callable[[fx.Node], bool], start: fx.Node | None = None) -> tuple[fx.Graph, dict]:
+    """The nodes of ``graph`` that ``keep`` selects, in order, into a new graph whose input (a placeholder ``x``)
+    stands for ``start`` where given; with the map from old nodes to new ones (the output node left out)."""
+    new, env = fx.Graph(), {}
+    if start is not None:
+        env[start] = new.placeholder("x")
     for node in graph.nodes:
-        if node not in env and node.op not in ("output",) and keep(node):
+        if node not in env and node.op != "output" and keep(node):
             env[node] = new.node_copy(node, env.__getitem__)
-    return new
+    return new, env
 
 
 def cut_network(module: nn.Module, name: str) -> Cut:
@@ -118,11 +118,9 @@ def cut_network(module: nn.Module, name: str) -> Cut:
                          "is a point every path from the input to the output passes through, such as the input of "
                          "a residual block or of a top-level layer, not inside a skip connection")
     after_nodes = _descendants(cut)
-    env: dict[fx.Node, Any] = {cut: "x"}
-    after = _copy(graph, lambda n: n in after_nodes or n not in dynamic, env)
+    after, env = _copy(graph, lambda n: n in after_nodes or n not in dynamic, start=cut)  # constants copied too
     after.output(fx.node.map_arg(out.args[0], env.__getitem__))
-    env = {}
-    before = _copy(graph, lambda n: n not in after_nodes, env)
+    before, env = _copy(graph, lambda n: n not in after_nodes)
     before.output(env[cut])
     label = type(module).__name__
     return Cut(name, cut.name, _module(module, before, f"{label}_before"),
@@ -168,8 +166,8 @@ class Float64Embedding(nn.Module):
         exact = copy.deepcopy(self.before).to(torch.float64).eval()
         tensor = next(iter(self.before.parameters()), next(iter(self.before.buffers()), x))
         with torch.no_grad():
-            parts = [exact(x[i:i + EMBED_BATCH].to(tensor.device, torch.float64))
+            parts = [exact(x[i:i + EMBED_BATCH].to(tensor.device, torch.float64, copy=True))  # in-place ops: a copy
                      for i in range(0, len(x), EMBED_BATCH)]
-        return torch.cat(parts) if parts else exact(x.to(tensor.device, torch.float64))
+        return torch.cat(parts) if parts else exact(x.to(tensor.device, torch.float64, copy=True))
 
 

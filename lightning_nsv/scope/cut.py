@@ -37,8 +37,9 @@ def _head_part(after: nn.Module, graph: PiecewiseGraph, name: str) -> PathPart |
         return None
     linears = [after.get_submodule(n.target) for n in after.graph.nodes if n.op == "call_module"
                and isinstance(after.get_submodule(n.target), nn.Linear)]
-    if len(linears) != len(graph.chain[0]) or len(graph.gates) != len(linears) - 1:
-        return None  # a functional Linear: the whole-network machinery reads it
+    if (len(linears) != len(graph.chain[0]) or len(graph.gates) != len(linears) - 1
+            or linears[-1].out_features != graph.num_outputs):
+        return None  # a functional Linear, an output picked from several: the whole-network machinery reads it
     return PathPart(f"layers from `{name}`", None, tuple(linears), tuple(float(g.beta) for g in graph.gates),
                     tuple(float(g.gamma) for g in graph.gates))
 
