@@ -8,12 +8,14 @@ embedding, everything after it is in path space. The cut at the input is the who
 first Linear of the head the paper's head-only protocol.
 
 Writes to ``--out``: ``depth_profile.md`` (both tables), ``depth_profile_<network>.csv`` and
-``depth_profile.png``/``.pdf`` (s/m and the compression bound against the cut, one panel per network).
+``depth_profile.png``/``.pdf`` (s/m and the compression bound against the cut, one panel per network); with
+``--data standin`` or ``cifar`` the files are ``depth_profile_<data>…``.
 
 Usage::
 
     python examples/depth_profile.py --out examples/results        # bundled 8×8 digits, all 1438, about 1 min
-    python examples/depth_profile.py --data cifar --data-root data --m 500 --max-epochs 100
+    python examples/depth_profile.py --data standin --m 500 --out examples/results   # CIFAR-shaped stand-in
+    python examples/depth_profile.py --data cifar --data_root data --m 500 --max-epochs 100
     python examples/depth_profile.py --quick                        # a smoke test
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_nsv.compat import Callback, pl
 from lightning_nsv.experiments import make_datamodule, quiet, save_figures
@@ -53,12 +57,47 @@ def tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(xs), torch.as_tensor([int(v) for v in ys])
 
 
-def train(model: pl.LightningModule, datamodule: Any, x: torch.Tensor, y: torch.Tensor, max_epochs: int) -> int:
+def standin(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CIFAR-shaped two-class stand-in of ``benchmarks/whole_network_scale.py``: ``n`` images ``(n, 3, 32, 32)``,
+    smooth colour noise plus a green-brown blob (label 0, "frog") or a blue tint and a dark bar (label 1, "ship"),
+    channels standardised; deterministic in ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randperm(n, generator=g) % 2
+    x = F.interpolate(0.5 * torch.randn(n, 3, 8, 8, generator=g), size=(32, 32), mode="bilinear",
+                      align_corners=False)
+    x += 0.15 * torch.randn(n, 3, 32, 32, generator=g)
+    rows, cols = torch.arange(32.0).view(1, 32, 1), torch.arange(32.0).view(1, 1, 32)
+    centre, width = 8 + 16 * torch.rand(n, 2, generator=g), 3 + 5 * torch.rand(n, generator=g)
+    blob = torch.exp(-((rows - centre[:, :1, None]) ** 2 + (cols - centre[:, 1:, None]) ** 2)
+                     / (2 * width.view(n, 1, 1) ** 2))
+    height = (14 + 12 * torch.rand(n, generator=g)).view(n, 1, 1)
+    half = (4 + 10 * torch.rand(n, generator=g)).view(n, 1, 1)
+    bar = ((rows - height).abs() < 2) & ((cols - 16).abs() < half)
+    frog = torch.tensor([-0.1, 0.5, -0.3]).view(1, 3, 1, 1) * blob[:, None]
+    ship = torch.tensor([-0.3, -0.1, 0.4]).view(1, 3, 1, 1) * (rows / 32)[None] - 0.8 * bar[:, None].float()
+    x += torch.where(y.view(n, 1, 1, 1) == 0, frog, ship)
+    return (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True), y
+
+
+def data(args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
+    """Training and validation inputs and labels of ``--data``."""
+    if args.data == "standin":
+        m = args.m or 500
+        x, y = standin(m + m // 4, args.seed + 1)
+        return x[:m], y[:m], x[m:], y[m:]
+    datamodule = make_datamodule(args.data, m=args.m, seed=0, root=args.data_root, download=args.download,
+                                 batch_size=25)
+    datamodule.setup("fit")
+    return (*tensors(datamodule.train_dataset), *tensors(datamodule.val_dataset))
+
+
+def train(model: pl.LightningModule, x: torch.Tensor, y: torch.Tensor, max_epochs: int) -> int:
     stop = ZeroTrainingError(x, y)
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[stop], logger=False, accelerator="auto", devices=1,
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                          num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(model, datamodule=datamodule)
+    loader = DataLoader(TensorDataset(x, y), batch_size=25, shuffle=True, generator=torch.Generator().manual_seed(0))
+    trainer.fit(model, train_dataloaders=loader)
     if stop.epoch is None:
         raise RuntimeError(f"{type(model).__name__} did not reach zero training error in {max_epochs} epochs; "
                            "raise --max-epochs")
@@ -97,8 +136,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add("--out", default=f"runs/{NAME}", help="output directory (Markdown, CSV, PNG, PDF)")
-    add("--data", choices=["digits", "cifar"], default="digits", help="digits (bundled) or CIFAR-10 frogs vs ships")
-    add("--data-root", default=None, help="directory holding cifar-10-batches-py (--data cifar)")
+    add("--data", choices=["digits", "standin", "cifar"], default="digits",
+        help="digits (bundled), a CIFAR-shaped stand-in (3×32×32, two classes) or CIFAR-10 frogs vs ships")
+    add("--data_root", "--data-root", default=None, help="directory holding cifar-10-batches-py (--data cifar)")
     add("--download", action="store_true", help="let torchvision download CIFAR-10 into --data-root")
     add("--m", type=int, default=None, help="training samples (default: the whole training pool)")
     add("--seed", type=int, default=0, help="seed of both networks' initialisation and training order")
@@ -109,7 +149,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--quick", action="store_true", help="m = 100, 4 channels: a smoke test")
     args = parser.parse_args(argv)
     if args.data == "cifar" and args.data_root is None:
-        parser.error("--data cifar reads the files under --data-root; none was given")
+        parser.error("--data cifar reads the files under --data_root; none was given")
     return args
 
 
@@ -120,10 +160,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, DepthProfile]:
         torch.set_num_threads(args.threads)
     if args.quick:
         args.m, args.conv_channels, args.resnet_width = 100, 4, 4
-    datamodule = make_datamodule(args.data, m=args.m, seed=0, root=args.data_root, download=args.download,
-                                 batch_size=25)
-    datamodule.setup("fit")
-    (x, y), (x_val, y_val) = tensors(datamodule.train_dataset), tensors(datamodule.val_dataset)
+    x, y, x_val, y_val = data(args)
     channels, height, width = x.shape[1:]
     networks = {
         "cnn_fc": lambda: ConvFCNet(in_channels=channels, image_size=(height, width), fc_depth=2, fc_width=32,
@@ -132,23 +169,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, DepthProfile]:
         "resnet": lambda: ResNetClassifier(in_channels=channels, width=args.resnet_width, blocks=[1, 1],
                                            optimizer="adam", lr=0.01),
     }
+    stem = NAME if args.data == "digits" else f"{NAME}_{args.data}"
     profiles, sections = {}, []
     for network, make in networks.items():
         pl.seed_everything(args.seed, verbose=False)
         model = make()
         started = time.perf_counter()
-        epochs = train(model, datamodule, x, y, args.max_epochs)
+        epochs = train(model, x, y, args.max_epochs)
         trained = time.perf_counter() - started
         profiles[network] = profile = support_vector_profile(model, x, y, x_val, y_val, say=print)
         sections.append(f"**{network}** (`{type(model).__name__}`, zero training error at epoch {epochs}, "
                         f"{trained:.0f} s of training)\n\n{profile.table()}")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{NAME}_{network}.csv").write_text(profile.csv())
+        (out / f"{stem}_{network}.csv").write_text(profile.csv())
     title = f"{args.data}: m = {len(y)}, {len(y_val)} validation samples"
     text = f"{title}\n\n" + "\n\n".join(sections) + "\n"
-    (Path(args.out) / f"{NAME}.md").write_text(text)
-    save_figures(plot(profiles, title), Path(args.out) / NAME)
+    (Path(args.out) / f"{stem}.md").write_text(text)
+    save_figures(plot(profiles, title), Path(args.out) / stem)
     print(text)
     return profiles
 
