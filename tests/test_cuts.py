@@ -199,3 +199,19 @@ def test_a_cuda_module_gives_the_cpu_answer_from_a_cut():
     gpu = scope.analyse(scope.freeze(), embedded, y.cuda(), embedded_val, yv.cuda(), AnalysisOptions())
     np.testing.assert_array_equal(gpu.svm.support_, cpu.svm.support_)
     assert relative(gpu.svm.alpha_, cpu.svm.alpha_) < 1e-9
+
+
+@pytest.mark.parametrize("cut", ["trunk.0.res", "head"])
+def test_three_classes_from_a_cut_in_the_callback_with_patterns_between_analyses(tmp_path, cut):
+    from tests.test_callback_scope import _digits
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    train, val = _digits([0, 1, 2], 60), _digits([0, 1, 2], 30, seed=1)
+    callback = NetworkSupportVectors(scope=f"from:{cut}", stop_on_zero_error=False, every_n_epochs=3)
+    _fit(tmp_path, CNN(classes=3, split=True), DataLoader(train, batch_size=20), callback, max_epochs=30,
+         val=DataLoader(val, batch_size=30))
+    analysis = callback.analysis
+    assert analysis is not None and analysis.num_classes == 3 and analysis.svm.alpha_.shape == (60, 3)
+    assert len(callback.history) >= 2 and 0 <= callback.history[-1]["patterns_changed"] <= 60
+    assert callback._scope.label == f"from `{cut}`" and callback.metrics["val_agreement"] >= 0
