@@ -119,3 +119,16 @@ def test_the_depth_profile_example_quick(tmp_path):
     assert profiles["cnn_fc"].rows[3].cut == "net.9" and profiles["cnn_fc"].rows[3].part == "head"
     for name in ("depth_profile.md", "depth_profile.png", "depth_profile.pdf", "depth_profile_resnet.csv"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_three_classes_count_the_class_bits():
+    from tests.test_pair_network import randomise_bn
+    from tests.test_whole_network import own_labels, two_classes
+
+    torch.manual_seed(5)
+    x = torch.randn(40, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    module = two_classes(randomise_bn(TinyResNet(), seed=4).eval(), x)
+    profile = support_vector_profile(module, x, own_labels(module, x), say=None)
+    assert [r.cut for r in profile.rows] == ["input", "conv1", "fc"]
+    assert [r.bits for r in profile.rows] == [2 * 64 + 2 * 16 + 2 * 16 + 2, 2 * 16 + 2 * 16 + 2, 0 + 2]
+    assert all(0 < r.s <= 40 for r in profile.rows)

@@ -169,11 +169,10 @@ def support_vector_profile(module: nn.Module, x: Tensor, y: Tensor, x_val: Tenso
         analysis = scope.analyse(scope.freeze(), embedded, y, embedded_val, y_val, options)
         seconds = time.perf_counter() - started
         supports[name] = np.asarray(analysis.svm.support_)
-        bits = int(getattr(analysis, "side_bits", 0) or analysis.n_hidden)
         agreement = math.nan if analysis.val_agreement is None else float(analysis.val_agreement)
         rows.append(CutRow(index, name, part, analysis.m, len(supports[name]), len(supports[name]) / analysis.m,
                            float(analysis.margin_ratio), float(analysis.cosine), agreement, float(analysis.bound),
-                           bits, int(analysis.unique_patterns_train), None,
+                           analysis.bound_bits, int(analysis.unique_patterns_train), None,
                            None if estimate is None else float(estimate.seconds), seconds))
         say(f"cut {index} `{name}`: s = {rows[-1].s} of {analysis.m} (s/m {rows[-1].s_over_m:.3f}), bound "
             f"{analysis.bound:.3g}, {seconds:.1f} s")
