@@ -132,3 +132,12 @@ def test_three_classes_count_the_class_bits():
     assert [r.cut for r in profile.rows] == ["input", "conv1", "fc"]
     assert [r.bits for r in profile.rows] == [2 * 64 + 2 * 16 + 2 * 16 + 2, 2 * 16 + 2 * 16 + 2, 0 + 2]
     assert all(0 < r.s <= 40 for r in profile.rows)
+
+
+def test_the_default_cuts_of_an_mlp_skip_the_flattened_input():
+    from lightning_nsv.kernel.cut import valid_cuts
+    from lightning_nsv.models import LeakyReLUMLP
+
+    module = LeakyReLUMLP(in_features=10, widths=[8, 6])
+    assert valid_cuts(module) == ["input", "net.3", "net.5"]  # net.1 reads the input flattened: the same kernel
+    assert valid_cuts(module, every=True) == ["input", "net.1", "net.2", "net.3", "net.4", "net.5"]

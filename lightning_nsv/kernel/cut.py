@@ -137,7 +137,8 @@ def _module(root: nn.Module, graph: fx.Graph, class_name: str) -> fx.GraphModule
 def valid_cuts(module: nn.Module, every: bool = False) -> list[str]:
     """The names of the valid cuts of ``module`` in order of depth, ``"input"`` first: one name per cut point (the
     outermost module that starts there); without ``every`` only those at a module holding a Linear or a convolution
-    (the inputs of layers and residual blocks, the head's first Linear)."""
+    (the inputs of layers and residual blocks, the head's first Linear) after some parameter (not the input again,
+    flattened)."""
     graph = fx_graph(module)
     dynamic, order = _dynamic(graph), {n: i for i, n in enumerate(graph.nodes)}
     out = next(n for n in graph.nodes if n.op == "output")
@@ -149,9 +150,25 @@ def valid_cuts(module: nn.Module, every: bool = False) -> list[str]:
             node = _cut_node(graph, module, name, dynamic)
         except ValueError:
             continue
-        if node not in found and _bypass(graph, node, dynamic) is None and out in _descendants(node):
+        if (node not in found and _bypass(graph, node, dynamic) is None and out in _descendants(node)
+                and (every or _weighted(module, node))):
             found[node] = name
     return [found[n] for n in sorted(found, key=order.__getitem__)]
+
+
+def _weighted(module: nn.Module, node: fx.Node) -> bool:
+    """Whether a parameter acts before ``node`` (else the cut is the input's, up to parameter-free maps)."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current.op == "get_attr" or (current.op == "call_module" and any(
+                True for _ in module.get_submodule(current.target).parameters())):
+            return True
+        for arg in current.all_input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
 
 
 class Float64Embedding(nn.Module):
