@@ -138,7 +138,8 @@ def test_every_intermediate_cut_equals_enumerated_paths_on_the_embedded_inputs(n
 
 def test_a_cut_inside_a_skip_connection_is_refused_naming_it():
     module = TinyResNet().eval()
-    with pytest.raises(ValueError, match=r"cannot be cut at `conv2`.*`down_1` from before it is read by `add`"):
+    with pytest.raises(ValueError, match=r"cannot be cut at `conv2`.*`down_1` \(the output of `down.1`\), which "
+                                         r"does not pass through it, is read by `add`"):
         cut_network(module, "conv2")
     with pytest.raises(ValueError, match=r"`relu` of TinyResNet reads 3 values from before it"):
         cut_network(module, "relu")

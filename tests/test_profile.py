@@ -88,7 +88,8 @@ def test_the_profile_command_on_a_checkpoint(tmp_path, capsys):
                  "init_args": {"m": 60, "seed": 0, "batch_size": 20}},
         "trainer": {"max_epochs": 60, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
                     "enable_model_summary": False, "default_root_dir": str(tmp_path),
-                    "logger": {"class_path": "TensorBoardLogger", "init_args": {"save_dir": str(tmp_path), "name": "tb"}}},
+                    "logger": {"class_path": "TensorBoardLogger",
+                               "init_args": {"save_dir": str(tmp_path), "name": "tb"}}},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(tmp_path / "cfg.yaml")])

@@ -348,7 +348,8 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     return ShardedPairColumns(columns, group, root).serve()
 
 
-def _cut(module: nn.Module, start: str, x_train: Tensor, x_val: Tensor | None) -> tuple[nn.Module, Tensor, Tensor | None]:
+def _cut(module: nn.Module, start: str, x_train: Tensor,
+         x_val: Tensor | None) -> tuple[nn.Module, Tensor, Tensor | None]:
     """The part of ``module`` after the cut at ``start`` and the float64 embedded inputs."""
     cut = cut_network(module, start)
     embed = Float64Embedding(cut.before)

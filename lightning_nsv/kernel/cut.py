@@ -75,7 +75,8 @@ def _descendants(node: fx.Node) -> set[fx.Node]:
 
 
 def _bypass(graph: fx.Graph, cut: fx.Node, dynamic: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
-    """A value from before the cut read after it ``(value, reader)``, or ``None`` where every path passes the cut."""
+    """A value that does not pass through the cut, read after it ``(value, reader)``, or ``None`` where every path
+    passes the cut."""
     after = _descendants(cut)
     for node in graph.nodes:
         if node in after:
@@ -112,8 +113,8 @@ def cut_network(module: nn.Module, name: str) -> Cut:
     crossing = _bypass(graph, cut, dynamic)
     if crossing is not None or out not in _descendants(cut):
         what = ("the output does not depend on it" if crossing is None else
-                f"the value `{crossing[0].name}` from before it is read by `{crossing[1].name}` after it "
-                f"({crossing[1].format_node().strip()})")
+                f"the value `{crossing[0].name}`{_of_module(crossing[0])}, which does not pass through it, is read "
+                f"by `{crossing[1].name}` after it ({crossing[1].format_node().strip()})")
         raise ValueError(f"{type(module).__name__} cannot be cut at `{name}` (fx node `{cut.name}`): {what}; a cut "
                          "is a point every path from the input to the output passes through, such as the input of "
                          "a residual block or of a top-level layer, not inside a skip connection")
@@ -125,6 +126,10 @@ def cut_network(module: nn.Module, name: str) -> Cut:
     label = type(module).__name__
     return Cut(name, cut.name, _module(module, before, f"{label}_before"),
                _module(module, after, f"{label}_from_{name.replace('.', '_')}"))
+
+
+def _of_module(node: fx.Node) -> str:
+    return f" (the output of `{node.target}`)" if node.op == "call_module" else ""
 
 
 def _module(root: nn.Module, graph: fx.Graph, class_name: str) -> fx.GraphModule:

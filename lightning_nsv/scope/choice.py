@@ -93,8 +93,8 @@ def choose_scope(module: nn.Module, example: Tensor, request: ScopeRequest = Sco
     """The scope of an analysis of ``module`` on inputs like ``example`` (a few, in the module's dtype and device).
 
     ``"from:NAME"``: the cut at the input of submodule ``NAME`` (:class:`~lightning_nsv.scope.cut.CutScope`),
-    refused where a skip connection crosses it. ``"head"`` (or a head named by ``path_module``/``embedding``): that head. ``"whole"``: the whole module, refused
-    with the operation named where it is not piecewise linear. ``"auto"``: the whole module, unless the head analysis
+    refused where a skip connection crosses it. ``"head"`` (or a head named by ``path_module``/``embedding``): that
+    head. ``"whole"``: the whole module, refused with the operation named where it is not piecewise linear. ``"auto"``: the whole module, unless the head analysis
     needs an option (``intercept``, ``multiclass="ovr"``) or the module is not piecewise linear (the decision's
     ``fallback`` says why; refused without a head) — by the head's code path where the module is no more than its
     head (the same kernel, with its fast path).
