@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_nsv.analysis import whole_network_cost, whole_network_support_vectors
-from lightning_nsv.artifacts import load_support_vectors, reproduce
+from lightning_nsv.artifacts import load_support_vectors, reproduce, save_support_vectors
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel.cut import cut_network, valid_cuts
@@ -170,6 +170,12 @@ def test_the_callback_analyses_from_a_cut_and_its_file_reproduces(tmp_path, cut,
     again = reproduce(saved, module=CNN(split=True))
     assert again.svm.support_.tolist() == analysis.svm.support_.tolist()
     np.testing.assert_allclose(again.svm.alpha_, analysis.svm.alpha_, rtol=1e-8, atol=1e-12)
+    payload = torch.load(saved.path, weights_only=True)
+    for key in ("id", "sha256", "format_version", "versions", "report"):
+        payload.pop(key)
+    with pytest.raises(ValueError, match="a cut result must name its cut in 'path_module'"):
+        save_support_vectors(tmp_path / "refused", "x", {**payload, "path_module": None})
+    assert not (tmp_path / "refused").exists() or not list((tmp_path / "refused").iterdir())
 
 
 def test_the_module_is_left_as_it_was_and_the_cost_of_a_cut_is_its_own():
