@@ -62,7 +62,8 @@ _NOISY_MODULE = re.escape(f"{PACKAGE}.cli") + "$"
 
 
 _DESCRIPTION = ("Train a LightningModule with the analysis callbacks (fit), analyse a trained checkpoint again "
-                "(analyze), or compare the support sets of result files (lightning-nsv compare --help).")
+                "(analyze) or from every cut, input to head (lightning-nsv profile --help), or compare the support "
+                "sets of result files (lightning-nsv compare --help).")
 
 # `--ckpt_path` values that Lightning resolves itself (fit, validate, test, predict; not analyze)
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
