@@ -154,7 +154,7 @@ def support_vector_profile(module: nn.Module, x: Tensor, y: Tensor, x_val: Tenso
                 "the head's kernel, fast" if estimate is None else estimate.describe()))
     rows, supports = [], {}
     for index, (name, scope, estimate) in enumerate(zip(cuts, scopes, estimates)):
-        part = "head" if scope.inner.kind == "head" else "whole"
+        part = scope.inner.kind  # "head": a Linear/Leaky-ReLU chain; "whole": the pair network
         try:
             if estimate is not None:
                 estimate.check(options.time_budget, scope.budget_advice)
