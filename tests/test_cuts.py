@@ -222,3 +222,19 @@ def test_three_classes_from_a_cut_in_the_callback_with_patterns_between_analyses
     assert analysis is not None and analysis.num_classes == 3 and analysis.svm.alpha_.shape == (60, 3)
     assert len(callback.history) >= 2 and 0 <= callback.history[-1]["patterns_changed"] <= 60
     assert callback._scope.label == f"from `{cut}`" and callback.metrics["val_agreement"] >= 0
+
+
+def test_the_cut_at_the_input_of_an_mlp_is_the_auto_scope_bit_for_bit():
+    """A Linear/Leaky-ReLU chain: 'auto' analyses it by the head's code path, and so does the cut at its input."""
+    from lightning_nsv.models.layers import mlp_sequential
+
+    torch.manual_seed(3)
+    x = torch.randn(120, 10, dtype=torch.float64)
+    module = two_classes(mlp_sequential(10, [8, 6], 1, beta=0.1, bias=True).double().eval(), x)
+    y = own_labels(module, x)
+    xv, yv = torch.randn(40, 10, dtype=torch.float64), torch.randint(0, 2, (40,))
+    auto_scope, auto = analyse(module, "auto", x, y, xv, yv)
+    cut_scope, cut = analyse(module, "from:input", x, y, xv, yv)
+    assert isinstance(auto_scope, HeadScope) and isinstance(cut_scope.inner, HeadScope)
+    assert_identical(cut, auto)
+    assert cut.bound == auto.bound and cut.cosine == auto.cosine
