@@ -1,8 +1,8 @@
 """``lightning-nsv profile --ckpt_path RUN/checkpoints/X.ckpt [--cuts a,b] [--out DIR]``: the support vectors of a
 trained checkpoint from every valid cut (or the ones given), from the input to the head
 (:func:`~lightning_nsv.scope.profile.support_vector_profile`), with each cut's cost said first. Writes the table
-(``profile.md``), ``profile.csv``, the figure of s/m and the bound against depth (``profile.png``) and a TensorBoard
-run (``tensorboard/``) to ``--out`` (default ``<the checkpoint's run>/profile-epoch<E>``).
+(``profile.md``), ``profile.csv``, each cut's support vectors (``profile_supports.json``), the figure of s/m and the
+bound against depth (``profile.png``) and a TensorBoard run (``tensorboard/``) to ``--out`` (default ``<the checkpoint's run>/profile-epoch<E>``).
 
 The model and the data module are rebuilt from the classes and init arguments the checkpoint records (a fit by
 ``lightning-nsv fit``), or from ``--config`` (default: the run's ``config.yaml`` beside ``checkpoints/``); the weights

@@ -2,6 +2,7 @@
 support vectors shared with the next cut, the cost said first, the table, CSV, figure and TensorBoard run, and the
 `lightning-nsv profile` command on a checkpoint of `lightning-nsv fit`."""
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -58,6 +59,7 @@ def test_the_outputs_are_written(trained, tmp_path):
     rows = list(csv.DictReader(paths["csv"].open()))
     assert [r["cut"] for r in rows] == ["input", "8"] and int(rows[1]["s"]) == profile.rows[1].s
     assert paths["figure"].stat().st_size > 10_000
+    assert json.loads(paths["supports"].read_text()) == {k: v.tolist() for k, v in profile.supports.items()}
     events = EventAccumulator(str(paths["tensorboard"])).Reload()
     assert [e.step for e in events.Scalars("profile/s_over_m")] == [0, 1]
     assert events.Scalars("profile/s")[1].value == profile.rows[1].s
@@ -99,7 +101,8 @@ def test_the_profile_command_on_a_checkpoint(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| 0 | `input` | whole |" in printed and "| 1 | `net.9` | head |" in printed
     folder = checkpoint.parent.parent / "profile-epoch59"
-    assert {p.name for p in folder.iterdir()} == {"profile.md", "profile.csv", "profile.png", "tensorboard"}
+    assert {p.name for p in folder.iterdir()} == {"profile.md", "profile.csv", "profile_supports.json", "profile.png",
+                                                  "tensorboard"}
     with pytest.raises(SystemExit):
         main(["profile", f"--ckpt_path={checkpoint}", "--cuts", "net.99"])
     assert "no submodule 'net.99'" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import sys
 import time
@@ -92,14 +93,17 @@ class DepthProfile:
         return plot_depth_profile(self.rows, title=self.network)[0]
 
     def write(self, directory: str | Path, tensorboard: bool = True) -> dict[str, Path]:
-        """``profile.md``, ``profile.csv``, ``profile.png`` and (``tensorboard``) a TensorBoard run in ``directory``
-        (scalars against the cut index, the table as text, the figure); the paths by kind."""
+        """``profile.md``, ``profile.csv``, ``profile_supports.json`` (each cut's support vectors, indices into the
+        training set), ``profile.png`` and (``tensorboard``) a TensorBoard run in ``directory`` (scalars against the
+        cut index, the table as text, the figure); the paths by kind."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = {"table": directory / "profile.md", "csv": directory / "profile.csv",
-                 "figure": directory / "profile.png"}
+                 "supports": directory / "profile_supports.json", "figure": directory / "profile.png"}
         paths["table"].write_text(f"{self.network}\n\n{self.table()}\n", encoding="utf-8")
         paths["csv"].write_text(self.csv(), encoding="utf-8")
+        paths["supports"].write_text(json.dumps({cut: support.tolist() for cut, support in self.supports.items()}),
+                                     encoding="utf-8")
         figure = self.figure()
         figure.savefig(paths["figure"], dpi=120)
         if tensorboard:
