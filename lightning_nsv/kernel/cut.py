@@ -52,8 +52,7 @@ def _cut_node(graph: fx.Graph, module: nn.Module, name: str, dynamic: set[fx.Nod
         names = [n for n in known if n][:12]
         raise ValueError(f"{where} has no submodule {name!r} to cut at; `from:NAME` names a module of "
                          f"named_modules() (e.g. {', '.join(names)}) or '{INPUT}'")
-    inside = [n for n in nodes if name in n.meta.get("nn_module_stack", {}) or (n.op == "call_module" and
-                                                                              n.target == name)]
+    inside = [n for n in nodes if name in _module_stack(n) or (n.op == "call_module" and n.target == name)]
     if not inside:
         raise ValueError(f"{where}.forward never calls its submodule `{name}`: there is no cut there")
     entering = {a for n in inside for a in n.all_input_nodes if a in dynamic and a not in inside}
@@ -62,6 +61,13 @@ def _cut_node(graph: fx.Graph, module: nn.Module, name: str, dynamic: set[fx.Nod
                          ", ".join(f"`{a.name}`" for a in entering) + "): it is called more than once or on several "
                          "inputs; a cut is the single input of a module: name another module")
     return entering.pop()
+
+
+def _module_stack(node: fx.Node) -> set[str]:
+    """The qualified names of the modules whose ``forward`` recorded ``node`` (fx keeps them in its meta, keyed by the
+    qualified name, with ``(qualified name, type)`` values in recent torch)."""
+    stack = node.meta.get("nn_module_stack", {})
+    return set(stack) | {value[0] for value in stack.values() if isinstance(value, tuple) and value}
 
 
 def _descendants(node: fx.Node) -> set[fx.Node]:
