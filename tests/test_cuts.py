@@ -238,3 +238,20 @@ def test_the_cut_at_the_input_of_an_mlp_is_the_auto_scope_bit_for_bit():
     assert isinstance(auto_scope, HeadScope) and isinstance(cut_scope.inner, HeadScope)
     assert_identical(cut, auto)
     assert cut.bound == auto.bound and cut.cosine == auto.cosine
+
+
+def test_a_module_whose_forward_is_not_its_traced_graph_is_refused_at_a_cut():
+    class Counting(nn.Module):
+        """Each call scales its output by the number of calls so far: fx reads one call."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc, self.calls = nn.Conv2d(1, 2, 3), nn.Linear(72, 1), 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.fc(torch.flatten(torch.relu(self.conv(x)), 1))[:, 0] * self.calls
+
+    with pytest.raises(ValueError, match=r"the part after `fc` on the embedding before it does not give the module's "
+                                         r"output"):
+        choose_scope(Counting().eval(), torch.randn(4, 1, 8, 8), ScopeRequest("from:fc"))

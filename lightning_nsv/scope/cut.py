@@ -18,7 +18,7 @@ from lightning_nsv.kernel.sharded import ColumnSharing
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.scope.base import AnalysisOptions, Frozen, Scope
 from lightning_nsv.scope.head import HeadScope
-from lightning_nsv.scope.outputs import output_indices
+from lightning_nsv.scope.outputs import module_inputs, output_indices
 from lightning_nsv.scope.whole import WholeScope
 
 __all__ = ["CUT_PREFIX", "CutScope", "cut_name"]
@@ -73,7 +73,24 @@ class CutScope(Scope):
         else:
             inner = WholeScope(cut.after, h.detach().cpu(), scope_summary(graph, scope_name), graph.num_outputs,
                                scope_name=scope_name, budget_advice=budget_advice)
-        return cls(module, cut, inner)
+        scope = cls(module, cut, inner)
+        scope._check_outputs(example)
+        return scope
+
+    def _check_outputs(self, example: Tensor) -> None:
+        """The analysed function on ``h(example)`` is the module's own output (its forward, not fx's reading of it),
+        up to the rounding of the module's dtype."""
+        with eval_mode(self.module), torch.no_grad():
+            theirs = self.module(module_inputs(self.module, example)).to("cpu", torch.float64).reshape(len(example), -1)
+            ours = self.outputs(self.freeze(), self.embed(example))[0].to("cpu", torch.float64)
+        ours = ours.reshape(len(example), -1)
+        dtype = next((p.dtype for p in self.module.parameters() if p.is_floating_point()), torch.float32)
+        tolerance = 10 * torch.finfo(dtype).eps ** 0.5 * (1 + float(theirs.abs().max()))
+        if theirs.shape != ours.shape or not float((theirs - ours).abs().max()) <= tolerance:
+            raise ValueError(
+                f"{type(self.module).__name__}: the part after `{self.cut.name}` on the embedding before it does not "
+                f"give the module's output (shapes {tuple(ours.shape)} and {tuple(theirs.shape)}); in-place "
+                "operations whose effect fx does not see, or state that changes between calls, can cause this")
 
     @property
     def name(self) -> str:
