@@ -58,8 +58,8 @@ def _tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def profile_checkpoint(ckpt_path: str | Path, cuts: Sequence[str] | None = None, config: str | Path | None = None,
-                       out: str | Path | None = None, time_budget: float | None = None,
-                       tensorboard: bool = True) -> tuple[DepthProfile, dict[str, Path]]:
+                       out: str | Path | None = None, time_budget: float | None = None, tensorboard: bool = True,
+                       every: bool = False) -> tuple[DepthProfile, dict[str, Path]]:
     """The profile of the checkpoint's network on its training set (validation included), written to ``out``."""
     ckpt_path = Path(ckpt_path)
     checkpoint = read_checkpoint(ckpt_path)
@@ -76,7 +76,7 @@ def profile_checkpoint(ckpt_path: str | Path, cuts: Sequence[str] | None = None,
     val = getattr(data, "val_dataset", None)
     x_val, y_val = _tensors(val) if val is not None and len(val) else (None, None)
     options = AnalysisOptions() if time_budget is None else AnalysisOptions(time_budget=time_budget)
-    profile = support_vector_profile(model, x, y, x_val, y_val, cuts, options=options)
+    profile = support_vector_profile(model, x, y, x_val, y_val, cuts, every=every, options=options)
     epoch = int(checkpoint.get("epoch", 0))
     out = Path(out) if out is not None else (run or ckpt_path.parent) / f"profile-epoch{epoch}"
     return profile, profile.write(out, tensorboard=tensorboard)
@@ -87,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> DepthProfile:
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint that `lightning-nsv fit` wrote (.ckpt)")
     parser.add_argument("--cuts", default=None, metavar="A,B",
                         help="module names (named_modules()) or 'input', comma-separated; default: every valid cut")
+    parser.add_argument("--every_cut", action="store_true",
+                        help="every module whose input is a cut (activations and pools too), not only layers and blocks")
     parser.add_argument("--config", default=None, help="the run's config.yaml (default: beside checkpoints/)")
     parser.add_argument("--out", default=None, metavar="DIR", help="where the table, CSV, figure and run go")
     parser.add_argument("--time_budget", type=float, default=None,
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> DepthProfile:
         torch.set_num_threads(args.threads)
     cuts = None if args.cuts is None else [c.strip() for c in args.cuts.split(",") if c.strip()]
     try:
-        profile, paths = profile_checkpoint(args.ckpt_path, cuts, args.config, args.out, args.time_budget)
+        profile, paths = profile_checkpoint(args.ckpt_path, cuts, args.config, args.out, args.time_budget,
+                                            every=args.every_cut)
     except (ValueError, FileNotFoundError) as err:
         print(f"lightning-nsv profile: {err}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -103,6 +103,8 @@ def test_the_profile_command_on_a_checkpoint(tmp_path, capsys):
     folder = checkpoint.parent.parent / "profile-epoch59"
     assert {p.name for p in folder.iterdir()} == {"profile.md", "profile.csv", "profile_supports.json", "profile.png",
                                                   "tensorboard"}
+    main(["profile", f"--ckpt_path={checkpoint}", "--every_cut", "--out", str(tmp_path / "every")])
+    assert "| 11 | `net.11` | head |" in capsys.readouterr().out  # input, net.1, …, net.11: every module's input
     with pytest.raises(SystemExit):
         main(["profile", f"--ckpt_path={checkpoint}", "--cuts", "net.99"])
     assert "no submodule 'net.99'" in capsys.readouterr().err

@@ -129,12 +129,13 @@ def _say_to_stderr(line: str) -> None:
 
 
 def support_vector_profile(module: nn.Module, x: Tensor, y: Tensor, x_val: Tensor | None = None,
-                           y_val: Tensor | None = None, cuts: Sequence[str] | None = None, *,
+                           y_val: Tensor | None = None, cuts: Sequence[str] | None = None, *, every: bool = False,
                            options: AnalysisOptions = AnalysisOptions(),
                            say: Callable[[str], None] | None = _say_to_stderr) -> DepthProfile:
     """The support-vector analysis of ``module`` (trained to zero error on ``x, y``) from each cut in ``cuts``
     (names of ``named_modules()``, or ``"input"``; default :func:`~lightning_nsv.kernel.cut.valid_cuts`: the input,
-    the input of every layer and residual block that holds a Linear or a convolution, the head's first Linear), each
+    the input of every layer and residual block that holds a Linear or a convolution, the head's first Linear;
+    ``every``: at every module whose input is a cut, activations and pools included), each
     by :class:`~lightning_nsv.scope.cut.CutScope` (the part before the cut a fixed float64 embedding). The cost of
     every cut is estimated and said first (``say``; cuts near the input cost as much as a whole-network analysis); a
     cut whose estimate is above ``options.time_budget`` is left out with a note, the others analysed in order.
@@ -144,7 +145,7 @@ def support_vector_profile(module: nn.Module, x: Tensor, y: Tensor, x_val: Tenso
         NotSeparableError: where the network misclassifies a training sample.
     """
     say = say or (lambda line: None)
-    cuts = list(valid_cuts(module) if cuts is None else cuts)
+    cuts = list(valid_cuts(module, every) if cuts is None else cuts)
     x, x_val = module_inputs(module, x), None if x_val is None else module_inputs(module, x_val)
     n_val = 0 if x_val is None else len(x_val)
     scopes, estimates = [], []
