@@ -2,7 +2,8 @@
 trained checkpoint from every valid cut (or the ones given), from the input to the head
 (:func:`~lightning_nsv.scope.profile.support_vector_profile`), with each cut's cost said first. Writes the table
 (``profile.md``), ``profile.csv``, each cut's support vectors (``profile_supports.json``), the figure of s/m and the
-bound against depth (``profile.png``) and a TensorBoard run (``tensorboard/``) to ``--out`` (default ``<the checkpoint's run>/profile-epoch<E>``).
+bound against depth (``profile.png``) and a TensorBoard run (``tensorboard/``) to ``--out`` (default
+``<the checkpoint's run>/profile-epoch<E>``).
 
 The model and the data module are rebuilt from the classes and init arguments the checkpoint records (a fit by
 ``lightning-nsv fit``), or from ``--config`` (default: the run's ``config.yaml`` beside ``checkpoints/``); the weights
@@ -88,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> DepthProfile:
     parser.add_argument("--cuts", default=None, metavar="A,B",
                         help="module names (named_modules()) or 'input', comma-separated; default: every valid cut")
     parser.add_argument("--every_cut", action="store_true",
-                        help="every module whose input is a cut (activations and pools too), not only layers and blocks")
+                        help="every module whose input is a cut (activations and pools too), not only layers and "
+                             "blocks")
     parser.add_argument("--config", default=None, help="the run's config.yaml (default: beside checkpoints/)")
     parser.add_argument("--out", default=None, metavar="DIR", help="where the table, CSV, figure and run go")
     parser.add_argument("--time_budget", type=float, default=None,
