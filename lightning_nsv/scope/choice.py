@@ -94,15 +94,14 @@ def choose_scope(module: nn.Module, example: Tensor, request: ScopeRequest = Sco
 
     ``"from:NAME"``: the cut at the input of submodule ``NAME`` (:class:`~lightning_nsv.scope.cut.CutScope`),
     refused where a skip connection crosses it. ``"head"`` (or a head named by ``path_module``/``embedding``): that
-    head. ``"whole"``: the whole module, refused with the operation named where it is not piecewise linear. ``"auto"``: the whole module, unless the head analysis
-    needs an option (``intercept``, ``multiclass="ovr"``) or the module is not piecewise linear (the decision's
-    ``fallback`` says why; refused without a head) — by the head's code path where the module is no more than its
-    head (the same kernel, with its fast path).
+    head. ``"whole"``: the whole module, refused with the operation named where it is not piecewise linear.
+    ``"auto"``: the whole module, unless the head analysis needs an option (``intercept``, ``multiclass="ovr"``) or
+    the module is not piecewise linear (the decision's ``fallback`` says why; refused without a head) — by the head's
+    code path where the module is no more than its head (the same kernel, with its fast path).
     """
     if cut_name(request.scope) is not None:
-        advice = BUDGET_CUT_ADVICE
         return ScopeDecision(CutScope.build(module, example[:EXAMPLE_SAMPLES].detach(), cut_name(request.scope),
-                                            budget_advice=advice))
+                                            budget_advice=BUDGET_CUT_ADVICE))
     head, head_error = find_head(module, request)
 
     def head_scope(line: str | None = None, whole_traces: bool = False) -> HeadScope:
