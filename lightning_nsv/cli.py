@@ -6,6 +6,9 @@ Example::
     lightning-nsv fit --model LeakyReLUMLP --data DigitsDataModule --trainer.callbacks+=NetworkSupportVectors
     lightning-nsv analyze --config examples/configs/digits_mlp.yaml --ckpt_path path/to/last.ckpt
 
+``profile`` (``lightning-nsv profile --ckpt_path ... [--cuts a,b]``, :mod:`lightning_nsv.cli_profile`) analyses a
+trained checkpoint from every valid cut, input to head: the table, CSV, figure and TensorBoard run of s/m along depth.
+
 ``analyze`` loads a trained checkpoint and its data module and runs the configured analysis callbacks
 (``NetworkSupportVectors``; ``PsiRankMonitor`` and ``LossValleyMonitor`` for skip networks) once, with the same
 logs and files as during training, at the checkpoint's step, without training. The analysis stands alone (no
@@ -59,7 +62,8 @@ _NOISY_MODULE = re.escape(f"{PACKAGE}.cli") + "$"
 
 
 _DESCRIPTION = ("Train a LightningModule with the analysis callbacks (fit), analyse a trained checkpoint again "
-                "(analyze), or compare the support sets of result files (lightning-nsv compare --help).")
+                "(analyze) or from every cut, input to head (lightning-nsv profile --help), or compare the support "
+                "sets of result files (lightning-nsv compare --help).")
 
 # `--ckpt_path` values that Lightning resolves itself (fit, validate, test, predict; not analyze)
 _LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
@@ -288,6 +292,11 @@ def main(args: list[str] | None = None) -> None:
         from lightning_nsv.compare import main as compare
 
         compare(argv[1:])
+        return
+    if argv[:1] == ["profile"]:  # the support vectors of a checkpoint from every cut, not a Trainer command
+        from lightning_nsv.cli_profile import main as profile
+
+        profile(argv[1:])
         return
     check_example_script_options(argv)
     tips = _DropTips()

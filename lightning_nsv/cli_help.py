@@ -91,11 +91,16 @@ COMPARE_HELP = ("Compare the support sets of result files of one training set: s
                 "core (see lightning-nsv compare --help).")
 
 
+PROFILE_HELP = ("Analyse a trained checkpoint from every valid cut, input to head: s/m, margins, the bound along "
+                "depth (see lightning-nsv profile --help).")
+
+
 def add_compare_entry(parser: Any) -> None:
-    """List ``compare`` among the subcommands of ``parser`` (``lightning-nsv --help``). :func:`lightning_nsv.cli.main`
-    runs ``lightning-nsv compare ...`` before LightningCLI parses anything, so this entry only shows it."""
-    entry = NSVArgumentParser(prog="lightning-nsv compare", description=COMPARE_HELP)
-    parser._subcommands_action.add_subcommand("compare", entry, help=COMPARE_HELP)
+    """List ``compare`` and ``profile`` among the subcommands of ``parser`` (``lightning-nsv --help``).
+    :func:`lightning_nsv.cli.main` runs them before LightningCLI parses anything, so these entries only show them."""
+    for name, text in (("compare", COMPARE_HELP), ("profile", PROFILE_HELP)):
+        entry = NSVArgumentParser(prog=f"lightning-nsv {name}", description=text)
+        parser._subcommands_action.add_subcommand(name, entry, help=text)
 
 
 # the example scripts' data options (python examples/*.py --data mnist --data-root DIR) and their CLI form

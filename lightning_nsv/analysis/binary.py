@@ -82,6 +82,11 @@ class SupportVectorAnalysis(SupportVectorResult):
         metrics.update(validation_metrics(self))
         return metrics
 
+    @property
+    def bound_bits(self) -> int:
+        """Bits of side information per support vector in the compression bound."""
+        return self.n_hidden
+
     def report(self) -> str:
         """A short human-readable summary."""
         return "\n".join([

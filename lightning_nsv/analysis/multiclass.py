@@ -132,6 +132,11 @@ class MulticlassSupportVectorAnalysis(SupportVectorResult):
         metrics.update(validation_metrics(self))
         return metrics
 
+    @property
+    def bound_bits(self) -> int:
+        """Bits of side information per support vector in the compression bound."""
+        return self.side_bits
+
     def report(self) -> str:
         """A short human-readable summary."""
         svm = self.svm

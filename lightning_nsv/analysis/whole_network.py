@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
 from lightning_nsv.kernel import (
     Gates,
@@ -32,6 +31,7 @@ from lightning_nsv.kernel import (
     trace,
     unique_patterns,
 )
+from lightning_nsv.kernel.cut import Float64Embedding, cut_network
 from lightning_nsv.kernel.pair_network import MEMORY_BYTES
 from lightning_nsv.kernel.pair_sharded import ShardedPairColumns
 from lightning_nsv.kernel.sharded import ColumnSharing
@@ -40,6 +40,7 @@ from lightning_nsv.analysis.whole_network_checks import (check_arguments, check_
 from lightning_nsv.analysis.whole_network_budget import (DEFAULT_TIME_BUDGET, AnalysisCost, CostEstimate,
                                                          TimeBudgetError, check_budgets, check_cost_arguments,
                                                          check_cost_options, estimate_cost, say_to_stderr)
+from lightning_nsv.analysis.whole_network_validation import held_out
 from lightning_nsv.analysis.whole_network_memory import (BudgetedColumns, cache_budget, memory_budget,
                                                          memory_estimate)
 from lightning_nsv.solver import initial_indices, max_margin, pair_max_margin
@@ -54,8 +55,6 @@ from lightning_nsv.solver.options import solver_device as solver_backend_device
 __all__ = ["SignsNotComputed", "TimeBudgetError", "WholeNetworkAnalysis", "WholeNetworkMulticlassAnalysis",
            "memory_estimate", "serve_whole_network_columns", "whole_network_cost", "whole_network_support_vectors"]
 
-# validation samples whose kernel against the support is formed at once (see _cross_kernel)
-VALIDATION_CHUNK = 2048
 BUDGET_ADVICE = ("its head after a fixed embedding (network_support_vectors on the embedded inputs; "
                  "NetworkSupportVectors(scope='head'))")
 
@@ -135,38 +134,6 @@ class WholeNetworkMulticlassAnalysis(_Scoped, MulticlassSupportVectorAnalysis):
     estimate: CostEstimate | None = field(default=None, repr=False)
 
 
-# ------------------------------------------------------------------------------------------------- kernel parts
-
-
-def _slice_gates(gates: Gates, idx: Tensor) -> Gates:
-    return Gates(gates.output[idx], {k: v[idx] for k, v in gates.bits.items()},
-                 {k: v[idx] for k, v in gates.selections.items()})
-
-
-def _cat_gates(first: Gates, second: Gates) -> Gates:
-    return Gates(torch.cat([first.output, second.output]),
-                 {k: torch.cat([v, second.bits[k]]) for k, v in first.bits.items()},
-                 {k: torch.cat([v, second.selections[k]]) for k, v in first.selections.items()})
-
-
-def _cross_kernel(graph: PiecewiseGraph, x_support: Tensor, gates_support: Gates, x_val: Tensor, gates_val: Gates,
-                  block_bytes: int, on_pairs=None) -> Tensor:
-    """``K(x_val, x_support)``, ``(n, s)`` float64 on the graph's device, from a :class:`PairNetworkColumns` over the
-    support followed by a chunk of ``c`` validation samples (memory ``8·(s + c)·(f + s)`` bytes plus their gates):
-    the pair network on the ``c×s`` pairs only, or for a Linear chain the first ``s`` columns by §1's GEMMs."""
-    s = len(x_support)
-    parts = []
-    for lo in range(0, len(x_val), VALIDATION_CHUNK):
-        idx = torch.arange(lo, min(len(x_val), lo + VALIDATION_CHUNK), device=graph.device)
-        both = torch.cat([x_support.to(graph.device, torch.float64),
-                          x_val[lo:lo + len(idx)].to(graph.device, torch.float64)])
-        columns = PairNetworkColumns(graph, both, _cat_gates(gates_support, _slice_gates(gates_val, idx)),
-                                     memory_bytes=block_bytes, cache_bytes=0)
-        columns.on_pairs = on_pairs
-        parts.append(columns.columns_tensor(torch.arange(s, device=graph.device), part=slice(s, None)))
-    return torch.cat(parts) if parts else torch.zeros(0, s, dtype=torch.float64, device=graph.device)
-
-
 # ---------------------------------------------------------------------------------------------------- analysis
 
 
@@ -192,6 +159,7 @@ def whole_network_support_vectors(
     budget_advice: str = BUDGET_ADVICE,
     traced: PiecewiseGraph | None = None,
     gates: Gates | None = None,
+    start: str | None = None,
 ) -> WholeNetworkAnalysis | WholeNetworkMulticlassAnalysis:
     """Fit the max-margin classifier on the path kernel of the whole ``module`` and compare it with the network.
 
@@ -218,8 +186,9 @@ def whole_network_support_vectors(
     :func:`~lightning_nsv.analysis.whole_network_budget.kernel_pairs`), and the diagonal (``m`` evaluations). The rate
     is measured first on a tile of pairs, and the estimate is said (``say``) when the analysis will take more than
     about 10 s, and checked against ``time_budget``. Validation: the gates of ``x_val`` and the kernel between
-    validation samples and the ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the support and a chunk of ``c``
-    validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` = :data:`VALIDATION_CHUNK`). What is allocated before the
+    validation samples and the ``s`` support samples (a :class:`~lightning_nsv.kernel.PairNetworkColumns` over the
+    support and a chunk of ``c`` validation samples: ``8·(s + c)·(f + s)`` bytes, ``c`` =
+    :data:`~lightning_nsv.analysis.whole_network_validation.VALIDATION_CHUNK`). What is allocated before the
     solve (:func:`memory_estimate`) is checked against ``memory_bytes`` and the memory available before it is
     allocated, and the solver's kernel columns (``8·m`` bytes per sample asked for) against the same budget before
     each is formed: a refusal names the numbers.
@@ -256,6 +225,11 @@ def whole_network_support_vectors(
             used instead of a new trace.
         gates: the gates of ``x_train`` computed already on that graph (:func:`~lightning_nsv.kernel.compute_gates`,
             the same for any split of the samples), used instead of a new float64 forward.
+        start: the name of a submodule (``named_modules()``) or ``"input"``: the analysis starts at its input; what
+            comes before is a fixed embedding ``h(x)``, computed in float64 (eval mode), and the part after it is
+            analysed on ``h(x)`` (:func:`~lightning_nsv.kernel.cut.cut_network`; refused, naming the connection, where
+            a skip connection crosses the cut). ``traced`` and ``gates`` are then those of that part on ``h(x)``;
+            ``scope_name`` defaults to ``"layers from `start`"``.
 
     Raises:
         NotPiecewiseLinearError: when the module holds an operation outside the table (e.g. GELU), naming it.
@@ -265,6 +239,9 @@ def whole_network_support_vectors(
             the first indices; ``N(x) = 0`` (binary) or a tie (K-class) counts as an error.
         ValueError: on labels, options, or memory that does not suffice.
     """
+    if start is not None:
+        module, x_train, x_val = _cut(module, start, x_train, x_val)
+        scope_name = f"layers from `{start}`" if scope_name == "whole network" else scope_name
     check_arguments(module, x_train, y_train, x_val, y_val, solver, delta)
     check_scope_name(scope_name)
     time_budget = check_cost_options(time_budget, say, progress, budget_advice)
@@ -289,7 +266,7 @@ def whole_network_support_vectors(
                         delta=delta, scope_name=scope_name, cost=cost, gates=gates)
         columns = analysis.pop("columns")
         if x_val is not None:
-            analysis.update(_held_out(graph, columns, analysis.pop("gates"), analysis["svm"], y, x_val, y_val, binary,
+            analysis.update(held_out(graph, columns, analysis.pop("gates"), analysis["svm"], y, x_val, y_val, binary,
                                       block_bytes, cost.validation_pairs))
         else:
             del analysis["gates"]
@@ -337,13 +314,17 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
 
 
 def whole_network_cost(module: nn.Module, x_sample: Tensor, m: int, n_val: int = 0, *,
-                       block_bytes: int = MEMORY_BYTES, memory_bytes: int | None = None) -> CostEstimate:
+                       block_bytes: int = MEMORY_BYTES, memory_bytes: int | None = None,
+                       start: str | None = None) -> CostEstimate:
     """What :func:`whole_network_support_vectors` of ``module`` on ``m`` training samples (and ``n_val`` validation
     samples) will cost, before training: the pair network's rate measured on the samples ``x_sample`` (a few dozen
     training inputs; the rate depends on the architecture, not the weights) and the memory the analysis allocates
     before its solver (refused here already where it does not fit). A few tenths of a second. ``m >= 1`` and
-    ``n_val >= 0`` are integers (Python or numpy); ``m`` may be smaller than ``len(x_sample)``."""
+    ``n_val >= 0`` are integers (Python or numpy); ``m`` may be smaller than ``len(x_sample)``. ``start``: of the
+    analysis from that cut on, as :func:`whole_network_support_vectors`."""
     started = time.perf_counter()
+    if start is not None:
+        module, x_sample, _ = _cut(module, start, x_sample, None)
     m, n_val = check_cost_arguments(x_sample, m, n_val, block_bytes, memory_bytes)
     check_input_shape(module, x_sample)
     graph = _trace(module, x_sample)
@@ -367,6 +348,14 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     return ShardedPairColumns(columns, group, root).serve()
 
 
+def _cut(module: nn.Module, start: str, x_train: Tensor,
+         x_val: Tensor | None) -> tuple[nn.Module, Tensor, Tensor | None]:
+    """The part of ``module`` after the cut at ``start`` and the float64 embedded inputs."""
+    cut = cut_network(module, start)
+    embed = Float64Embedding(cut.before)
+    return cut.after, embed(x_train), None if x_val is None else embed(x_val)
+
+
 def _trace(module: nn.Module, x_train: Tensor) -> PiecewiseGraph:
     with eval_mode(module):
         return trace(module, x_train[:8])
@@ -378,17 +367,6 @@ def _labels(y_train, y_val, num_outputs: int, m: int, n_val: int | None) -> tupl
         return signed_labels(y_train).cpu(), None if y_val is None else signed_labels(y_val).cpu()
     y = torch.from_numpy(class_labels(y_train, num_outputs, m))
     return y, None if y_val is None else torch.from_numpy(class_labels(y_val, num_outputs, n_val))
-
-
-def _held_out(graph, columns, gates, svm, y, x_val, y_val, binary: bool, block_bytes: int, on_pairs) -> dict:
-    """The SVM's decision on the validation samples (the kernel against the support) against the network's."""
-    val_gates = compute_gates(graph, x_val, memory_bytes=block_bytes)
-    support = torch.as_tensor(svm.support_, dtype=torch.long, device=graph.device)
-    kernel = _cross_kernel(graph, columns.x[support], _slice_gates(gates, support), x_val, val_gates, block_bytes,
-                           on_pairs)
-    coef = torch.from_numpy(svm.alpha_[svm.support_]) * y[svm.support_] if binary else \
-        torch.from_numpy(svm.beta_[svm.support_])
-    return _validation(kernel @ coef.to(kernel.device, torch.float64), val_gates, y_val, graph.num_outputs)
 
 
 def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:
@@ -435,26 +413,3 @@ def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
         wc_norm=wc_norm,
         gram=gram,
     )
-
-
-def _validation(decision: Tensor, val_gates: Gates, y_val: Tensor | None, num_outputs: int) -> dict:
-    """The SVM's decision ``f = K(x_val, x_support) · coefficients`` against the network on the validation set:
-    ``sign`` (``>= 0``: +1, as ``sign(0) = +1``) of one output, else ``argmax`` (first maximum on ties); ``y_val``
-    already as ±1 or class indices."""
-    decision, outputs = decision.cpu(), val_gates.output.reshape(len(val_gates), num_outputs).cpu()
-    n = len(outputs)
-    if num_outputs == 1:
-        net_pred = torch.where(outputs[:, 0] >= 0, 1.0, -1.0).to(torch.float64)
-        svm_pred = torch.where(decision >= 0, 1.0, -1.0).to(torch.float64)
-        agreement = float(binary_accuracy((svm_pred > 0).long(), (net_pred > 0).long())) if n else math.nan
-    else:
-        net_pred, svm_pred = outputs.argmax(1), decision.argmax(1)
-        agreement = float(multiclass_accuracy(svm_pred, net_pred, num_classes=num_outputs, average="micro")) \
-            if n else math.nan
-    result = {"unique_patterns_val": unique_patterns(val_gates), "val_agreement": agreement,
-              "val_predictions": (net_pred, svm_pred)}
-    if y_val is not None:
-        net_wrong, svm_wrong = net_pred != y_val, svm_pred != y_val
-        result.update(val_errors_network=int(net_wrong.sum()), val_errors_svm=int(svm_wrong.sum()),
-                      val_errors_both=int((net_wrong & svm_wrong).sum()))
-    return result

@@ -23,7 +23,7 @@ from lightning_nsv.scope.choice import RESULT_SCOPES
 
 FORMAT_VERSION = 4  # 4: a 'scope' ("head" or "whole"; older files are "head"); 3: the .pt carries the SHA-256 of
 OLDEST_READABLE = 2  # its content and the network's outputs; 2: neither
-SCOPES = tuple(RESULT_SCOPES)  # a Linear/Leaky-ReLU head after a fixed embedding; the whole traced module
+SCOPES = tuple(RESULT_SCOPES)  # a head after a fixed embedding; the whole traced module; a cut (its name: path_module)
 
 
 class ArtifactMismatchError(ValueError):
@@ -218,8 +218,9 @@ class SupportVectorArtifact:
         outputs: the network's outputs on evenly spaced training samples (``indices``, ``values``), which
             :func:`reproduce` compares; ``None`` in files of format 2. A whole-network result holds the
             module's own outputs (:func:`~lightning_nsv.artifacts.whole.module_outputs`).
-        scope: ``"head"`` (the path part after a fixed embedding; files before format 4) or ``"whole"`` (the whole
-            traced module, :func:`~lightning_nsv.analysis.whole_network_support_vectors`).
+        scope: ``"head"`` (the path part after a fixed embedding; files before format 4), ``"whole"`` (the whole
+            traced module, :func:`~lightning_nsv.analysis.whole_network_support_vectors`) or ``"cut"`` (everything from
+            the input of the submodule ``path_module`` names on, :class:`~lightning_nsv.scope.CutScope`).
         scope_summary: the scope line of the analysis ("whole network: 5 maps, 4 gate layers, …"); ``None`` where
             the file records none.
     """

@@ -101,7 +101,9 @@ class NetworkSupportVectors(Callback):
         scope: ``"auto"``: the whole module, unless ``path_module``/``embedding`` name a head, ``intercept=True``
             or ``multiclass="ovr"`` ask for the head's analysis, or the module is not piecewise linear (an info line
             says so, and the head is analysed where there is one); ``"whole"``: the whole module, refused with the
-            operation named (and the choices) where it is not piecewise linear; ``"head"``: the head only.
+            operation named (and the choices) where it is not piecewise linear; ``"head"``: the head only;
+            ``"from:NAME"``: everything from the input of submodule ``NAME`` on, analysed in path space on the
+            float64 outputs of the part before it (a fixed embedding); refused where a skip connection crosses it.
         time_budget: Seconds (default an hour) a whole-network analysis may take: before training, its cost is
             estimated (the pair network's rate on a few training inputs; said when above 10 s) and the fit refused
             above it (``TimeBudgetError``, saying what fits); ``None`` or ``inf``: no limit.
@@ -174,7 +176,7 @@ class NetworkSupportVectors(Callback):
         seed: int = 0,
         multiclass: Literal["exact", "ovr"] = "exact",
         solver: Literal["auto", "numpy", "torch"] = "auto",
-        scope: Literal["auto", "whole", "head"] = "auto",
+        scope: str = "auto",
         image_shape: Sequence[int] | None = None,
         time_budget: float | None = DEFAULT_TIME_BUDGET,
     ) -> None:

@@ -14,7 +14,7 @@ from torchmetrics.aggregation import SumMetric
 from lightning_nsv.compat import rank_zero_warn
 from lightning_nsv.analysis.multiclass import METHODS as MULTICLASS_METHODS
 from lightning_nsv.solver.options import SolverOptions
-from lightning_nsv.scope import SCOPES, AnalysisOptions, Scope, ScopeRequest, check_request
+from lightning_nsv.scope import AnalysisOptions, Scope, ScopeRequest, check_request
 from lightning_nsv.validate import (check_choice, check_dotted_name, check_flag, check_integer, check_path,
                                     check_probability, check_real_type, check_shape, check_time_budget)
 
@@ -43,9 +43,6 @@ def check_arguments(*, every_n_epochs: Any, probe_size: Any, stop_on_zero_error:
     SolverOptions(kernel=kernel, solver=solver)  # refuses an unknown kernel or solver, as the analysis would
     check_choice("multiclass", multiclass, MULTICLASS_METHODS, "'exact' solves the K-class problem, 'ovr' K "
                  "binary ones")
-    check_choice("scope", scope, SCOPES, "'whole' analyses the whole module, 'head' its Linear/Leaky-ReLU head after "
-                 "a fixed embedding (paper 000's CNN + FC), 'auto' the whole module unless `path_module`/`embedding` "
-                 "name a head or it is not piecewise linear")
     check_request(ScopeRequest(scope, path_module, embedding), AnalysisOptions(intercept=intercept,
                                                                                 multiclass=multiclass))
 

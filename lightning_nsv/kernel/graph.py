@@ -20,7 +20,7 @@ from lightning_nsv.kernel import rules as R
 from lightning_nsv.kernel.linear_vocabulary import len_as_size, rewrite
 from lightning_nsv.kernel.table import NotPiecewiseLinearError, Classifier, is_leaky_family
 
-__all__ = ["GateLayer", "NotPiecewiseLinearError", "PiecewiseGraph", "PoolLayer", "run", "trace"]
+__all__ = ["GateLayer", "NotPiecewiseLinearError", "PiecewiseGraph", "PoolLayer", "fx_graph", "run", "trace"]
 
 
 class GateLayer(NamedTuple):
@@ -86,16 +86,11 @@ class PiecewiseGraph:
         return [rule for rule in self.rules.values() if rule.is_map]
 
 
-def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
-    """The operation graph of ``module`` (DESIGN.md §2c), or :class:`NotPiecewiseLinearError` naming what is not.
-
-    Args:
-        module: takes a batch of inputs and returns ``(n,)`` or ``(n, K)`` logits; not changed.
-        example: a few inputs (``(n, ...)``, any float dtype) for the shapes and a check that the graph reproduces
-            the module's output.
-    """
+def fx_graph(module: nn.Module) -> fx.Graph:
+    """``module.forward`` as an fx graph (the package's Leaky-ReLU-family modules kept as leaves, ``len(x)`` a size),
+    or :class:`NotPiecewiseLinearError` saying why torch.fx cannot read it."""
     try:
-        graph = _Tracer().trace(module)
+        return _Tracer().trace(module)
     except Exception as err:  # fx raises TraceError, TypeError, … on data-dependent control flow
         if "'len' is not supported" in str(err):
             raise NotPiecewiseLinearError(
@@ -110,6 +105,17 @@ def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
             f"torch.fx could not trace {type(module).__name__}.forward ({type(err).__name__}: {err}). Control flow "
             "that depends on tensor values (if/for on x) cannot be traced; write it without, or move that part into "
             f"a trunk treated as a fixed embedding (`embedding=`).") from None
+
+
+def trace(module: nn.Module, example: Tensor) -> PiecewiseGraph:
+    """The operation graph of ``module`` (DESIGN.md §2c), or :class:`NotPiecewiseLinearError` naming what is not.
+
+    Args:
+        module: takes a batch of inputs and returns ``(n,)`` or ``(n, K)`` logits; not changed.
+        example: a few inputs (``(n, ...)``, any float dtype) for the shapes and a check that the graph reproduces
+            the module's output.
+    """
+    graph = fx_graph(module)
     gm = fx.GraphModule(module, graph)
     param = next(iter(module.parameters()), None)
     device = param.device if param is not None else example.device

@@ -14,6 +14,8 @@
   :func:`plot_support_stability`, the matrix beside how many samples are support vectors in exactly c runs.
 - Ψ and the loss-valley certificates of skip networks (DESIGN §3): :func:`plot_psi_spectrum`,
   :func:`plot_escape_path`, :func:`plot_loss_surface` (the results' ``plot(ax)`` methods).
+- :func:`plot_depth_profile`: s/m and the compression bound at each cut from the input to the head
+  (:func:`~lightning_nsv.scope.profile.support_vector_profile`).
 - :func:`plot_summary_card`: the numbers of one analysis read first (TensorBoard's ``nsv/summary`` image), under
   the verdict line of :func:`summary_verdict`.
 
@@ -32,6 +34,7 @@ import matplotlib.pyplot as plt  # for the examples; the package's figures never
 from lightning_nsv.plotting.base import (CARD_WIDTH, LEGEND_SIZE, NEGATIVE, POSITIVE, REGION_NEGATIVE,
                                          REGION_POSITIVE, error_bar_caption, plot_axes, short_number)
 from lightning_nsv.plotting.certificates import plot_escape_path, plot_loss_surface, plot_psi_spectrum
+from lightning_nsv.plotting.profile import plot_depth_profile
 from lightning_nsv.plotting.runs import (agreement_counts, plot_agreement, plot_jaccard_matrix, plot_support_stability,
                                          plot_sweep, plot_unique_patterns)
 from lightning_nsv.plotting.support import (GridDecisions, alpha_histogram, data_extent, decision_grid, image_grid,
@@ -40,6 +43,6 @@ from lightning_nsv.plotting.summary import plot_summary_card, summary_verdict
 
 __all__ = ["CARD_WIDTH", "GridDecisions", "LEGEND_SIZE", "agreement_counts", "alpha_histogram", "data_extent",
            "decision_grid", "error_bar_caption", "image_grid", "plot_agreement", "plot_axes",
-           "plot_decision_boundaries", "plot_escape_path", "plot_jaccard_matrix", "plot_loss_surface",
+           "plot_decision_boundaries", "plot_depth_profile", "plot_escape_path", "plot_jaccard_matrix", "plot_loss_surface",
            "plot_max_margin_approach", "plot_path_weights", "plot_psi_spectrum", "plot_summary_card",
            "plot_support_stability", "plot_sweep", "plot_unique_patterns", "short_number", "summary_verdict"]

@@ -1,21 +1,23 @@
 """What an analysis looks at, as a type (no Lightning import).
 
 A :class:`Scope` embeds the inputs, freezes the analysed function at the current weights, analyses
-``(x, y, x_val, y_val, options, sharing)``, says what it is and writes its part of the result file. Two
+``(x, y, x_val, y_val, options, sharing)``, says what it is and writes its part of the result file. Three
 implementations: :class:`HeadScope`, the Linear/Leaky-ReLU head after a fixed embedding (paper 000's CNN + FC
-protocol), and :class:`WholeScope`, the whole module traced into the pair network of DESIGN.md §2c. The callback and
+protocol), :class:`WholeScope`, the whole module traced into the pair network of DESIGN.md §2c, and :class:`CutScope`,
+everything from the input of a named submodule on (what comes before it a fixed float64 embedding). The callback and
 :func:`~lightning_nsv.artifacts.reproduce` choose one once (:func:`choose_scope`, :func:`scope_of_result`) and call
 its methods; nothing else asks which it is.
 """
 from lightning_nsv.scope.base import AnalysisOptions, Frozen, Scope
-from lightning_nsv.scope.choice import (EXAMPLE_SAMPLES, RESULT_SCOPES, SCOPES, check_request, NoAnalysableScopeError, ScopeDecision, ScopeRequest, choose_scope,
+from lightning_nsv.scope.choice import (EXAMPLE_SAMPLES, RESULT_SCOPES, SCOPES, check_request, check_scope, NoAnalysableScopeError, ScopeDecision, ScopeRequest, choose_scope,
                                         find_head, scope_of_result)
+from lightning_nsv.scope.cut import CUT_PREFIX, CutScope, cut_name
 from lightning_nsv.scope.head import HeadScope, head_scope_line
 from lightning_nsv.scope.outputs import (OUTPUT_SAMPLES, module_device, module_inputs, module_outputs, network_outputs,
                                          output_indices)
 from lightning_nsv.scope.whole import TracedNetwork, WholeScope, whole_network_payload
 
-__all__ = ["AnalysisOptions", "EXAMPLE_SAMPLES", "Frozen", "HeadScope", "NoAnalysableScopeError", "OUTPUT_SAMPLES", "RESULT_SCOPES", "SCOPES", "Scope", "check_request",
+__all__ = ["CUT_PREFIX", "CutScope", "check_scope", "cut_name", "AnalysisOptions", "EXAMPLE_SAMPLES", "Frozen", "HeadScope", "NoAnalysableScopeError", "OUTPUT_SAMPLES", "RESULT_SCOPES", "SCOPES", "Scope", "check_request",
            "ScopeDecision", "ScopeRequest", "TracedNetwork", "WholeScope", "choose_scope", "find_head",
            "head_scope_line", "module_device", "module_inputs", "module_outputs", "network_outputs", "output_indices",
            "scope_of_result", "whole_network_payload"]

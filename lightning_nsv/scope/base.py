@@ -1,7 +1,8 @@
 """What an analysis of a network looks at, as a type: a :class:`Scope` embeds the inputs, freezes the analysed
 function at the current weights, fits the max-margin classifier on its path kernel, says what it is and writes its
-part of the result file. Two implementations: :class:`~lightning_nsv.scope.head.HeadScope` (a Linear/Leaky-ReLU head
-after a fixed embedding) and :class:`~lightning_nsv.scope.whole.WholeScope` (the whole traced module)."""
+part of the result file. Three implementations: :class:`~lightning_nsv.scope.head.HeadScope` (a Linear/Leaky-ReLU
+head after a fixed embedding), :class:`~lightning_nsv.scope.whole.WholeScope` (the whole traced module) and
+:class:`~lightning_nsv.scope.cut.CutScope` (everything from a cut on, after a fixed float64 embedding)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

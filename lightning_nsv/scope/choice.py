@@ -11,17 +11,20 @@ from lightning_nsv.extract import PathPart, UnsupportedNetworkError, find_path_p
 from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, scope_summary, trace
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.scope.base import AnalysisOptions, Scope
+from lightning_nsv.scope.cut import CUT_PREFIX, CutScope, cut_name
 from lightning_nsv.scope.head import HeadScope, head_scope_line, parameter_free
 from lightning_nsv.scope.whole import WholeScope
 
 __all__ = ["EXAMPLE_SAMPLES", "HEAD_CHOICE", "NoAnalysableScopeError", "RESULT_SCOPES", "SCOPES", "ScopeDecision", "ScopeRequest",
-           "check_request", "choose_scope", "find_head", "scope_of_result"]
+           "check_request", "check_scope", "choose_scope", "find_head", "scope_of_result"]
 
-SCOPES = ("auto", "whole", "head")
+SCOPES = ("auto", "whole", "head", f"{CUT_PREFIX}NAME")
 #: The scopes a result file records, by its ``scope``.
-RESULT_SCOPES: dict[str, type[Scope]] = {HeadScope.kind: HeadScope, WholeScope.kind: WholeScope}
+RESULT_SCOPES: dict[str, type[Scope]] = {HeadScope.kind: HeadScope, WholeScope.kind: WholeScope,
+                                         CutScope.kind: CutScope}
 #: Inputs the module is traced on (shapes, and the check that the graph reproduces the module).
 EXAMPLE_SAMPLES = 8
+BUDGET_CUT_ADVICE = "a later cut (scope='from:NAME' nearer the output)"
 HEAD_CHOICE = ("In NetworkSupportVectors: `scope='head'` (with `embedding=`/`path_module=` naming the trunk and the "
                "head where the module has several) analyses the Linear/Leaky-ReLU head after the rest as a fixed "
                "embedding.")
@@ -33,8 +36,8 @@ class NoAnalysableScopeError(UnsupportedNetworkError, NotPiecewiseLinearError):
 
 @dataclass(frozen=True)
 class ScopeRequest:
-    """What the user asked for: ``scope`` (``"auto"``, ``"whole"``, ``"head"``) and the names of a head and its
-    trunk."""
+    """What the user asked for: ``scope`` (``"auto"``, ``"whole"``, ``"head"``, or ``"from:NAME"``: the cut at the
+    input of submodule ``NAME``) and the names of a head and its trunk."""
 
     scope: str = "auto"
     path_module: str | None = None
@@ -89,12 +92,16 @@ def choose_scope(module: nn.Module, example: Tensor, request: ScopeRequest = Sco
                  options: AnalysisOptions = AnalysisOptions()) -> ScopeDecision:
     """The scope of an analysis of ``module`` on inputs like ``example`` (a few, in the module's dtype and device).
 
-    ``"head"`` (or a head named by ``path_module``/``embedding``): that head. ``"whole"``: the whole module, refused
-    with the operation named where it is not piecewise linear. ``"auto"``: the whole module, unless the head analysis
-    needs an option (``intercept``, ``multiclass="ovr"``) or the module is not piecewise linear (the decision's
-    ``fallback`` says why; refused without a head) — by the head's code path where the module is no more than its
-    head (the same kernel, with its fast path).
+    ``"from:NAME"``: the cut at the input of submodule ``NAME`` (:class:`~lightning_nsv.scope.cut.CutScope`),
+    refused where a skip connection crosses it. ``"head"`` (or a head named by ``path_module``/``embedding``): that
+    head. ``"whole"``: the whole module, refused with the operation named where it is not piecewise linear.
+    ``"auto"``: the whole module, unless the head analysis needs an option (``intercept``, ``multiclass="ovr"``) or
+    the module is not piecewise linear (the decision's ``fallback`` says why; refused without a head) — by the head's
+    code path where the module is no more than its head (the same kernel, with its fast path).
     """
+    if cut_name(request.scope) is not None:
+        return ScopeDecision(CutScope.build(module, example[:EXAMPLE_SAMPLES].detach(), cut_name(request.scope),
+                                            budget_advice=BUDGET_CUT_ADVICE))
     head, head_error = find_head(module, request)
 
     def head_scope(line: str | None = None, whole_traces: bool = False) -> HeadScope:
@@ -139,8 +146,29 @@ def choose_scope(module: nn.Module, example: Tensor, request: ScopeRequest = Sco
     return ScopeDecision(scope, note=note)
 
 
+def check_scope(scope: object) -> None:
+    """Refuse a ``scope`` that is none of :data:`SCOPES`, saying what each is."""
+    name = cut_name(scope)
+    if name is not None and not name:
+        raise ValueError(f"`scope={scope!r}` names no module: pass e.g. 'from:layer3' (a name of named_modules()) "
+                         "or 'from:input'")
+    if name is None and scope not in SCOPES[:3]:
+        raise ValueError(f"`scope` can be {', '.join(SCOPES)}, got {scope!r}: 'whole' analyses the whole module, "
+                         "'head' its Linear/Leaky-ReLU head after a fixed embedding (paper 000's CNN + FC), "
+                         f"'{CUT_PREFIX}NAME' everything from the input of submodule NAME on (what comes before it a "
+                         "fixed embedding), 'auto' the whole module unless `path_module`/`embedding` name a head or it "
+                         "is not piecewise linear")
+
+
 def check_request(request: ScopeRequest, options: AnalysisOptions) -> None:
     """Refuse a request that contradicts itself or the options (before any module is seen)."""
+    check_scope(request.scope)
+    if cut_name(request.scope) is not None and (request.path_module is not None or request.embedding is not None
+                                                or options.intercept or options.multiclass == "ovr"):
+        raise ValueError(f"scope={request.scope!r} cuts the module at the input of `{cut_name(request.scope)}` and "
+                         "analyses the rest through the origin (binary, or the exact K-class problem): "
+                         "`path_module`/`embedding`, `intercept=True` and `multiclass='ovr'` are options of "
+                         "scope='head'; drop them")
     if request.scope == "whole" and (request.path_module is not None or request.embedding is not None):
         raise ValueError("`path_module`/`embedding` name a head and its trunk, but scope='whole' analyses the whole "
                          "module: pass scope='head' (or leave scope out) to analyse that head, or drop them")
@@ -152,7 +180,10 @@ def check_request(request: ScopeRequest, options: AnalysisOptions) -> None:
 
 def scope_of_result(module: nn.Module, kind: str, example: Tensor, *, path_module: str | None = None,
                     embedding: str | None = None, summary: str | None = None) -> Scope:
-    """The scope a result file records (``kind`` ``"head"`` or ``"whole"``), on the rebuilt ``module``."""
+    """The scope a result file records (``kind`` ``"head"``, ``"whole"`` or ``"cut"``, whose ``path_module`` names the
+    cut), on the rebuilt ``module``."""
+    if RESULT_SCOPES[kind] is CutScope:
+        return CutScope.build(module, example[:EXAMPLE_SAMPLES].detach(), path_module)
     if RESULT_SCOPES[kind] is WholeScope:
         graph = _trace(module, example)
         scope_name = (summary or "whole network").rpartition(": ")[0] or "whole network"

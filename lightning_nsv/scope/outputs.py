@@ -39,12 +39,13 @@ def module_device(module: nn.Module) -> torch.device:
 def module_outputs(module: nn.Module, x: Tensor, max_samples: int = OUTPUT_SAMPLES,
                    batch_size: int = 1024) -> dict[str, Tensor]:
     """``module``'s outputs (its own forward in eval mode, on its device, as float64 on the CPU) on at most
-    ``max_samples`` evenly spaced samples of ``x``, with their indices: ``values`` is ``(n,)`` for one output (``(n,)``
-    or ``(n, 1)`` logits), ``(n, K)`` for ``K``. The module's mode is restored afterwards."""
-    indices, device = output_indices(len(x), max_samples), module_device(module)
+    ``max_samples`` evenly spaced samples of ``x`` (as :func:`module_inputs` gives them), with their indices:
+    ``values`` is ``(n,)`` for one output (``(n,)`` or ``(n, 1)`` logits), ``(n, K)`` for ``K``. The module's mode is
+    restored afterwards."""
+    indices = output_indices(len(x), max_samples)
     with eval_mode(module), torch.no_grad():
-        parts = [module(x[indices[i:i + batch_size].to(x.device)].to(device)) for i in range(0, len(indices),
-                                                                                              batch_size)]
+        parts = [module(module_inputs(module, x[indices[i:i + batch_size].to(x.device)]))
+                 for i in range(0, len(indices), batch_size)]
     values = torch.cat(parts).detach().to("cpu", torch.float64) if parts else torch.zeros(0, dtype=torch.float64)
     values = values.reshape(len(indices), -1)
     return {"indices": indices, "values": values[:, 0] if values.shape[1] == 1 else values}

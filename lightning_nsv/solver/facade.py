@@ -11,7 +11,7 @@ from lightning_nsv.solver.factor import NumpyFreeSet, TorchFreeSet
 from lightning_nsv.solver.intercept import svc_with_intercept
 from lightning_nsv.solver.options import SolverOptions
 from lightning_nsv.solver.pair_store import PairStore
-from lightning_nsv.solver.protocol import as_kernel_columns
+from lightning_nsv.solver.protocol import KernelColumns, as_kernel_columns
 from lightning_nsv.solver.result import MaxMarginResult
 from lightning_nsv.threads import single_threaded_blas
 

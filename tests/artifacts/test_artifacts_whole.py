@@ -182,7 +182,7 @@ def test_a_k_class_whole_network_result_reproduces_with_a_given_module_and_data(
     (lambda p: p.pop("outputs"), "a whole-network result must hold 'outputs'"),
     (lambda p: p.update(scope_summary=None), "a whole-network result must hold 'scope_summary'"),
     (lambda p: p.update(embedding="net.0"), "'embedding' must be None"),
-    (lambda p: p.update(scope="trunk"), "'scope' must be one of 'head', 'whole', got 'trunk'"),
+    (lambda p: p.update(scope="trunk"), "'scope' must be one of 'head', 'whole', 'cut', got 'trunk'"),
 ])
 def test_a_whole_network_payload_that_does_not_fit_is_refused_before_anything_is_written(binary, tmp_path, change,
                                                                                          message):

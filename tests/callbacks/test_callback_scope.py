@@ -212,7 +212,7 @@ def test_auto_without_a_head_refuses_with_both_reasons(tmp_path):
 
 
 def test_scope_is_validated():
-    with pytest.raises(ValueError, match=r"`scope` can be auto, whole, head, got 'all': 'whole' analyses"):
+    with pytest.raises(ValueError, match=r"`scope` can be auto, whole, head, from:NAME, got 'all': 'whole' analyses"):
         NetworkSupportVectors(scope="all")
     with pytest.raises(ValueError, match=r"`intercept=True` \(the paper's SVC protocol\) is an analysis of the head.*"
                                          r"pass scope='head'"):

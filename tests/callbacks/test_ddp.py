@@ -11,9 +11,9 @@ from lightning_nsv.artifacts import load_support_vectors, reproduce
 from tests.timeouts import timeout_for
 
 
-@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "cut"])
 def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
-    """An MLP: the head's code path; a CNN: the whole network. Either way rank 1 computes its shard of the rows of
+    """An MLP: the head's code path; a CNN: the whole network, or from a cut at its second convolution. Either way rank 1 computes its shard of the rows of
     the kernel columns rank 0's solver asks for."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     script = Path(__file__).parents[1] / "ddp_fit.py"
@@ -27,13 +27,14 @@ def test_two_ranks_agree_and_only_rank_zero_fits_the_svm(tmp_path, kind):
     assert rank0["metrics"] == rank1["metrics"] and rank0["metrics"]["n_support"] > 0
     assert rank0["analysed_here"] and not rank1["analysed_here"]
     assert rank0["served"] == [] and len(rank1["served"]) == 1 and rank1["served"][0] > 0  # rank 1's column blocks
-    if kind == "cnn":
-        assert rank0["metrics"]["scope_gates"] == 4 * (64 + 16 + 16 + 4 + 4) + 16
+    if kind != "mlp":  # the cut: the gates after the first convolution, its max pool
+        assert rank0["metrics"]["scope_gates"] == 4 * (64 + 16 + 16 + 4 + 4) + 16 - 4 * (64 + 16) * (kind == "cut")
     assert rank0["val_loss"] == rank1["val_loss"]  # an epoch aggregate synchronised across ranks
     results = list((tmp_path / "nsv").glob("*.pt"))
     assert len(results) == 1
     # one process on the same frozen weights gives the same support set, α and numbers
     artifact = load_support_vectors(results[0])
+    assert artifact.scope == {"mlp": "head", "cnn": "whole", "cut": "cut"}[kind]
     single = reproduce(artifact)
     assert torch.equal(torch.from_numpy(single.svm.support_), artifact.support)
     torch.testing.assert_close(torch.from_numpy(single.svm.alpha_), artifact.alpha, rtol=1e-10, atol=0)

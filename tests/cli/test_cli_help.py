@@ -70,9 +70,13 @@ def test_the_top_level_help_lists_every_subcommand_compare_included(capsys):
         main(["--help"])
     assert done.value.code in (None, 0)
     shown = capsys.readouterr().out
-    assert "{fit,validate,test,predict,analyze,compare}" in shown
+    assert "{fit,validate,test,predict,analyze,compare,profile}" in shown
     listed = dict(re.findall(r"\n    (\w+) +(\S[^\n]*)", shown))
     assert listed["compare"].startswith("Compare the support sets of result files") and "analyze" in listed
     with pytest.raises(SystemExit) as done:
         main(["compare", "--help"])  # the entry only lists it: compare keeps its own command line
     assert done.value.code in (None, 0) and "usage: lightning-nsv compare [-h]" in capsys.readouterr().out
+    assert listed["profile"].startswith("Analyse a trained checkpoint from every valid cut")
+    with pytest.raises(SystemExit) as done:
+        main(["profile", "--help"])
+    assert done.value.code in (None, 0) and "usage: lightning-nsv profile [-h] --ckpt_path" in capsys.readouterr().out

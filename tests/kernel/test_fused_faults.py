@@ -182,7 +182,7 @@ def test_one_sample_and_none(conv, engine):
     one = columns(graph, x[:1], compute_gates(graph, x[:1]), engine=engine)
     reference = columns(graph, x[:1], compute_gates(graph, x[:1]), engine="reference")
     assert one.columns([0]).shape == (1, 1) and relative(one.diagonal_tensor(), reference.diagonal_tensor()) < 1e-12
-    from lightning_nsv.analysis.whole_network import _slice_gates
+    from lightning_nsv.analysis.whole_network_validation import _slice_gates
 
     empty = columns(graph, x[:0], _slice_gates(gates, torch.arange(0)), engine=engine)
     assert empty.diagonal().shape == (0,) and empty.columns([]).shape == (0, 0)
