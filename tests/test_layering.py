@@ -31,7 +31,8 @@ LAYERS = [
     ("lightning_nsv.compare",),
     ("lightning_nsv.compat", "lightning_nsv.models", "lightning_nsv.datamodules"),
     ("lightning_nsv.callbacks",),
-    ("lightning_nsv.cli", "lightning_nsv.cli_checkpoint", "lightning_nsv.cli_help", "lightning_nsv.experiments"),
+    ("lightning_nsv.cli", "lightning_nsv.cli_checkpoint", "lightning_nsv.cli_help", "lightning_nsv.cli_profile",
+     "lightning_nsv.experiments"),
 ]
 REMOVED = ("path_space", "max_margin", "support_vectors", "multiclass", "sharded", "psi", "valley")
 LIGHTNING_FREE = ("lightning_nsv.kernel", "lightning_nsv.solver", "lightning_nsv.analysis", "lightning_nsv.scope",

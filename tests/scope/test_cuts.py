@@ -14,8 +14,8 @@ from lightning_nsv.artifacts import load_support_vectors, reproduce, save_suppor
 from lightning_nsv.callbacks import NetworkSupportVectors
 from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel.cut import cut_network, valid_cuts
-from lightning_nsv.max_margin import max_margin
-from lightning_nsv.multiclass import multiclass_max_margin
+from lightning_nsv.solver import max_margin
+from lightning_nsv.solver import multiclass_max_margin
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.scope import AnalysisOptions, CutScope, HeadScope, ScopeRequest, WholeScope, choose_scope
 from tests.pair_reference import output_phi
