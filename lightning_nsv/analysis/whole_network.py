@@ -261,26 +261,55 @@ def whole_network_support_vectors(
         initial = initial_indices(initial, m)
     cost = AnalysisCost(time_budget, say, progress, budget_advice, started)
     try:
-        analysis = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
-                        memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol,
-                        delta=delta, scope_name=scope_name, cost=cost, gates=gates)
-        columns = analysis.pop("columns")
-        if x_val is not None:
-            analysis.update(held_out(graph, columns, analysis.pop("gates"), analysis["svm"], y, x_val, y_val, binary,
-                                      block_bytes, cost.validation_pairs))
-        else:
-            del analysis["gates"]
+        fit = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
+                   memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol, delta=delta,
+                   scope_name=scope_name, cost=cost, gates=gates)
+        validation = {} if x_val is None else held_out(graph, fit.columns, fit.gates, fit.solved.svm, y, x_val, y_val,
+                                                        binary, block_bytes, cost.validation_pairs)
     finally:
         cost.close()
-    analysis.update(kernel_engine=columns.engine, kernel_pairs=cost.pairs + columns.pairs_evaluated,
-                    estimate=cost.estimate)
-    return WholeNetworkAnalysis(**analysis) if binary else WholeNetworkMulticlassAnalysis(**analysis)
+    common = dict(svm=fit.solved.svm, m=fit.m, n_hidden=fit.scope.gates, network_margin=fit.solved.network_margin,
+                  margin_ratio=fit.solved.margin_ratio, cosine=fit.solved.cosine,
+                  unique_patterns_train=fit.unique_patterns_train, bound=fit.bound, delta=fit.delta,
+                  scope=str(fit.scope), scope_counts=fit.scope, kernel_engine=fit.columns.engine,
+                  kernel_pairs=cost.pairs + fit.columns.pairs_evaluated, estimate=cost.estimate, **validation)
+    if binary:
+        return WholeNetworkAnalysis(wbar_norm=fit.solved.norm, solver_backend=fit.solved.solver_backend, **common)
+    return WholeNetworkMulticlassAnalysis(wc_norm=fit.solved.norm, gram=fit.solved.gram, num_classes=num_outputs,
+                                          side_bits=fit.side_bits, **common)
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """The max-margin solve and the network against it: ``norm`` is ‖w̄‖ (one output) or ‖W_c‖ (K outputs)."""
+
+    svm: Any
+    network_margin: float
+    margin_ratio: float
+    cosine: float
+    norm: float
+    solver_backend: str | None = None
+    gram: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """What the fit gives the analysis, with the ``columns`` and ``gates`` the held-out step reads."""
+
+    solved: _Solved
+    m: int
+    scope: ScopeSummary
+    unique_patterns_train: int
+    delta: float
+    bound: float
+    side_bits: int
+    columns: PairNetworkColumns
+    gates: Gates
 
 
 def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initial, solver, tol, delta,
-         scope_name, cost: AnalysisCost, gates: Gates | None = None) -> dict:
-    """Memory check, gates, Assumption 1, the columns (shared by the ranks with ``sharing``) and the solve: the
-    fields of the analysis, with the ``columns`` and ``gates`` for the held-out step."""
+         scope_name, cost: AnalysisCost, gates: Gates | None = None) -> _Fit:
+    """Memory check, gates, Assumption 1, the columns (shared by the ranks with ``sharing``) and the solve."""
     m, num_outputs = len(x_train), graph.num_outputs
     binary = num_outputs == 1
     parts = memory_estimate(graph, m, n_val, block_bytes)
@@ -299,18 +328,13 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
     diag = budgeted.diagonal()
     scope = scope_summary(graph, scope_name)
     if binary:
-        analysis = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
+        solved = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
         side_bits = scope.gates
     else:
         side_bits = scope.gates + math.ceil(math.log2(num_outputs))
-        analysis = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
-        analysis.update(num_classes=num_outputs, side_bits=side_bits)
-    svm = analysis["svm"]
-    analysis.update(m=m, n_hidden=scope.gates, unique_patterns_train=unique_patterns(gates), delta=delta,
-                    bound=compression_bound(m, svm.n_support_, side_bits, delta), scope=str(scope),
-                    scope_counts=scope)
-    analysis.update(columns=columns, gates=gates)
-    return analysis
+        solved = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
+    return _Fit(solved, m, scope, unique_patterns(gates), delta,
+                compression_bound(m, solved.svm.n_support_, side_bits, delta), side_bits, columns, gates)
 
 
 def whole_network_cost(module: nn.Module, x_sample: Tensor, m: int, n_val: int = 0, *,
@@ -369,7 +393,7 @@ def _labels(y_train, y_val, num_outputs: int, m: int, n_val: int | None) -> tupl
     return y, None if y_val is None else torch.from_numpy(class_labels(y_val, num_outputs, n_val))
 
 
-def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> dict:
+def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> _Solved:
     m = len(y)
     initial_block = None  # a guess from the margins is admitted ⌊√m⌋ at a time, a given support whole
     if initial is None:
@@ -381,18 +405,18 @@ def _binary(graph, y, outputs, margins, columns, diag, initial, solver, tol) -> 
                      tol=tol)
     wbar_norm = math.sqrt(path_norm_squared(graph))
     network_margin = float(margins.min()) / wbar_norm
-    return dict(
+    return _Solved(
         svm=svm,
         network_margin=network_margin,
         margin_ratio=network_margin / svm.margin,
         cosine=float((torch.from_numpy(svm.alpha_) * y * outputs).sum()) / (wbar_norm * math.sqrt(svm.norm_v_sq)),
-        wbar_norm=wbar_norm,
+        norm=wbar_norm,
         solver_backend=svm.method if svm.method != "active-set" else (
             "numpy" if device is None else f"torch ({device})"),
     )
 
 
-def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
+def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> _Solved:
     num_classes = outputs.shape[1]
     if initial is None:
         svm = multiclass_max_margin(columns, y, num_classes, kernel_diag=diag, initial_margins=margins, tol=tol)
@@ -404,12 +428,12 @@ def _multiclass(y, outputs, margins, columns, diag, initial, tol, gram) -> dict:
     wc_norm = math.sqrt(max(float(np.trace(centred_gram(gram))), 0.0))
     network_margin = float(margins.min()) / wc_norm
     centred_outputs = (outputs - outputs.mean(1, keepdim=True)).numpy()
-    return dict(
+    return _Solved(
         svm=svm,
         network_margin=network_margin,
         margin_ratio=network_margin / svm.margin,
         cosine=float((svm.beta_ * centred_outputs).sum()) / (wc_norm * math.sqrt(svm.norm_v_sq))
         if svm.norm_v_sq > 0 else math.nan,
-        wc_norm=wc_norm,
+        norm=wc_norm,
         gram=gram,
     )
