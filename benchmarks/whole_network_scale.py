@@ -40,34 +40,6 @@ HERE = Path(__file__).resolve().parent
 
 
 # ------------------------------------------------------------------------------------------------------------ data
-def standin(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` images ``(n, 3, 32, 32)`` and labels 0/1 (half each), deterministic in ``seed``.
-
-    Every image is smooth colour noise (8×8 Gaussian noise upsampled bilinearly, sd 0.5) plus pixel noise (sd 0.15).
-    Class 0 ("frog") adds a green-brown tint and a Gaussian blob of random centre and width; class 1 ("ship") a
-    blue tint growing towards the bottom and a dark horizontal bar (a hull) at a random height and length.
-    Channels are standardised over the set."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randperm(n, generator=g) % 2
-    x = F.interpolate(0.5 * torch.randn(n, 3, 8, 8, generator=g), size=(32, 32), mode="bilinear",
-                      align_corners=False)
-    x += 0.15 * torch.randn(n, 3, 32, 32, generator=g)
-    rows = torch.arange(32.0).view(1, 32, 1)
-    cols = torch.arange(32.0).view(1, 1, 32)
-    centre = 8 + 16 * torch.rand(n, 2, generator=g)
-    width = 3 + 5 * torch.rand(n, generator=g)
-    blob = torch.exp(-((rows - centre[:, :1, None]) ** 2 + (cols - centre[:, 1:, None]) ** 2)
-                     / (2 * width.view(n, 1, 1) ** 2))
-    height = (14 + 12 * torch.rand(n, generator=g)).view(n, 1, 1)
-    half = (4 + 10 * torch.rand(n, generator=g)).view(n, 1, 1)
-    bar = ((rows - height).abs() < 2) & ((cols - 16).abs() < half)
-    frog = torch.tensor([-0.1, 0.5, -0.3]).view(1, 3, 1, 1) * blob[:, None]
-    ship = torch.tensor([-0.3, -0.1, 0.4]).view(1, 3, 1, 1) * (rows / 32)[None] - 0.8 * bar[:, None].float()
-    x += torch.where(y.view(n, 1, 1, 1) == 0, frog, ship)
-    x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
-    return x, y
-
-
 def cifar(root: str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` CIFAR-10 training images of frogs (label 0) and ships (label 1), standardised, a seeded draw."""
     from torchvision.datasets import CIFAR10
@@ -188,12 +160,13 @@ def _peak_mib(field: str = "VmHWM") -> float:
 def one_size(args) -> dict:
     """Train, analyse and (small m) compare with the dense kernel, in this process; the record of the size."""
     from lightning_nsv.analysis.whole_network import whole_network_support_vectors
+    from lightning_nsv.datamodules.standin import frogs_ships_standin
     from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
     from lightning_nsv.solver import max_margin
 
     torch.set_num_threads(args.threads)
     m = args.child
-    x, y = cifar(args.cifar_root, m, args.seed) if args.cifar_root else standin(m, args.seed)
+    x, y = cifar(args.cifar_root, m, args.seed) if args.cifar_root else frogs_ships_standin(m, args.seed)
     device = torch.device(args.device)
     net, trained = train(x, y, args)
     y = trained.pop("labels")
@@ -264,7 +237,7 @@ GPU_NOTE = ("Everything after training runs on the module's device (`--device cu
 
 def markdown(records: list[dict], args, command: str) -> str:
     data = f"CIFAR-10 frogs vs ships from {args.cifar_root}" if args.cifar_root else (
-        "the CIFAR-shaped stand-in of `standin()` (3×32×32, two classes: smooth colour noise plus a "
+        "the CIFAR-shaped stand-in of `lightning_nsv.datamodules.standin.frogs_ships_standin()` (3×32×32, two classes: smooth colour noise plus a "
         "green-brown blob, or a blue gradient and a dark bar)")
     lines = [
         "# Whole-network support vectors at scale (`benchmarks/whole_network_scale.py`)",

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_nsv.compat import Callback, pl
+from lightning_nsv.datamodules.standin import frogs_ships_standin as standin
 from lightning_nsv.experiments import make_datamodule, quiet, save_figures
 from lightning_nsv.models.conv_fc import ConvFCNet
 from lightning_nsv.models.layers import eval_mode
@@ -55,28 +55,6 @@ class ZeroTrainingError(Callback):
 def tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = zip(*(dataset[i][:2] for i in range(len(dataset))))
     return torch.stack(xs), torch.as_tensor([int(v) for v in ys])
-
-
-def standin(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CIFAR-shaped two-class stand-in of ``benchmarks/whole_network_scale.py``: ``n`` images ``(n, 3, 32, 32)``,
-    smooth colour noise plus a green-brown blob (label 0, "frog") or a blue tint and a dark bar (label 1, "ship"),
-    channels standardised; deterministic in ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randperm(n, generator=g) % 2
-    x = F.interpolate(0.5 * torch.randn(n, 3, 8, 8, generator=g), size=(32, 32), mode="bilinear",
-                      align_corners=False)
-    x += 0.15 * torch.randn(n, 3, 32, 32, generator=g)
-    rows, cols = torch.arange(32.0).view(1, 32, 1), torch.arange(32.0).view(1, 1, 32)
-    centre, width = 8 + 16 * torch.rand(n, 2, generator=g), 3 + 5 * torch.rand(n, generator=g)
-    blob = torch.exp(-((rows - centre[:, :1, None]) ** 2 + (cols - centre[:, 1:, None]) ** 2)
-                     / (2 * width.view(n, 1, 1) ** 2))
-    height = (14 + 12 * torch.rand(n, generator=g)).view(n, 1, 1)
-    half = (4 + 10 * torch.rand(n, generator=g)).view(n, 1, 1)
-    bar = ((rows - height).abs() < 2) & ((cols - 16).abs() < half)
-    frog = torch.tensor([-0.1, 0.5, -0.3]).view(1, 3, 1, 1) * blob[:, None]
-    ship = torch.tensor([-0.3, -0.1, 0.4]).view(1, 3, 1, 1) * (rows / 32)[None] - 0.8 * bar[:, None].float()
-    x += torch.where(y.view(n, 1, 1, 1) == 0, frog, ship)
-    return (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True), y
 
 
 def data(args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
