@@ -458,7 +458,7 @@ class NetworkSupportVectors(Callback):
         metrics = analysis.to_metrics()
         if not self.history:  # one HParams session per run: the first analysis registers the metrics
             register_nsv_hparams(trainer, pl_module, metrics)
-        packed = scope.patterns(frozen, x_train)
+        packed = scope.patterns(frozen, x_train, gates)  # the pass's gates: no second float64 forward
         changed = patterns_changed(self._previous_patterns, packed)
         self._previous_patterns = packed if packed is not None else self._previous_patterns
         if changed is not None:

@@ -168,8 +168,9 @@ class Scope(ABC):
         return None
 
     @abstractmethod
-    def patterns(self, frozen: Frozen, x: Tensor) -> Tensor | None:
-        """Each sample's activation pattern packed in bytes, ``(m, bytes)``; ``None`` without gates."""
+    def patterns(self, frozen: Frozen, x: Tensor, gates: Any = None) -> Tensor | None:
+        """Each sample's activation pattern packed in bytes, ``(m, bytes)``; ``None`` without gates. ``gates``: those
+        of ``x`` computed already (:meth:`outputs`), read instead of a new forward."""
 
     def figures(self, frozen: Frozen, x: Tensor, y: Tensor, analysis: Any) -> list[tuple[str, Any]]:
         """The scope's own figures, ``(tag, matplotlib figure)``."""

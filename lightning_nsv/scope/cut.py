@@ -174,8 +174,8 @@ class CutScope(Scope):
             f"the rebuilt module cut at `{self.cut.name}` reads {self.line!r}, saved {saved_summary!r}; its code "
             "differs from the analysed run's")
 
-    def patterns(self, frozen: Frozen, x: Tensor) -> Tensor | None:
-        return self.inner.patterns(frozen, x)
+    def patterns(self, frozen: Frozen, x: Tensor, gates: Any = None) -> Tensor | None:
+        return self.inner.patterns(frozen, x, gates)
 
     def figures(self, frozen: Frozen, x: Tensor, y: Tensor, analysis: Any) -> list[tuple[str, Any]]:
         return self.inner.figures(frozen, x, y, analysis)

@@ -223,7 +223,7 @@ class HeadScope(Scope):
     def saved_outputs(self, frozen: PathNetwork, x: Tensor, batch_size: int = 1024) -> Tensor:
         return network_outputs(frozen, x, max_samples=len(x))["values"]
 
-    def patterns(self, frozen: PathNetwork, x: Tensor) -> Tensor | None:
+    def patterns(self, frozen: PathNetwork, x: Tensor, gates: Any = None) -> Tensor | None:
         slopes = forward_with_slopes(frozen.to(x.device), x)[1]
         if not slopes:
             return None

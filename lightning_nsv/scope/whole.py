@@ -173,9 +173,9 @@ class WholeScope(Scope):
         return (f"the rebuilt module traces to another graph than the analysed one: {analysis.scope!r}, saved "
                 f"{saved_summary!r}; its code differs from the analysed run's")
 
-    def patterns(self, frozen: TracedNetwork, x: Tensor) -> Tensor | None:
-        """Every slope bit and max-pool selection, packed."""
-        gates = compute_gates(frozen.graph, x)
+    def patterns(self, frozen: TracedNetwork, x: Tensor, gates: Gates | None = None) -> Tensor | None:
+        """Every slope bit and max-pool selection, packed (from ``gates`` where given, else one float64 forward)."""
+        gates = compute_gates(frozen.graph, x) if gates is None else gates
         m = len(gates)
         bits = [b.reshape(m, -1).cpu() for b in gates.bits.values()]
         parts = [np.packbits(torch.cat(bits, 1).numpy(), axis=1)] if bits else []

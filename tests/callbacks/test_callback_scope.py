@@ -260,3 +260,46 @@ def test_the_whole_networks_outputs_are_checked_against_the_classes(tmp_path):
                                          r"module DigitsDataModule \(task='binary'\) has 2 classes"):
         _fit(tmp_path, CNN(classes=3, split=True), DigitsDataModule(m=40, batch_size=10, seed=0),
              NetworkSupportVectors(), max_epochs=1)
+
+
+def test_an_analysis_traces_the_module_once_and_computes_the_training_gates_once(tmp_path, monkeypatch):
+    """At zero training error: one trace with the weights of the analysis, and one float64 forward of the training set
+    (the zero-error pass's, whose gates the pair network, the solver and the patterns read)."""
+    import lightning_nsv.analysis.whole_network as whole_network
+    import lightning_nsv.kernel.gates as gates_module
+    import lightning_nsv.scope.whole as whole_scope
+
+    traces, forwards, m = [], [], 40
+    analysing = []  # from the zero-error epoch on (the cost check before training traces on its own samples)
+    original_trace, original_gates = whole_scope.trace, gates_module.compute_gates
+
+    def counted_trace(module, example):
+        traces.append(len(example))
+        return original_trace(module, example)
+
+    def counted_gates(graph, x, *args, **kwargs):
+        forwards.append(len(x))
+        return original_gates(graph, x, *args, **kwargs)
+
+    monkeypatch.setattr(whole_scope, "trace", counted_trace)
+    for module in (whole_scope, whole_network, gates_module):
+        monkeypatch.setattr(module, "compute_gates", counted_gates)
+    monkeypatch.setattr(whole_network, "trace", counted_trace)
+    callback = NetworkSupportVectors(save_dir=str(tmp_path / "nsv"), every_n_epochs=1000)  # checked at the last epoch
+    data = DigitsDataModule(m=m, batch_size=10, seed=0)
+    model = CNN(split=True)
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(max_epochs=60, callbacks=[callback], accelerator="cpu", enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, logger=False)
+
+    class Mark(pl.Callback):  # runs before the analysis callback's epoch end
+        def on_train_epoch_end(self, trainer, pl_module):
+            if trainer.current_epoch + 1 == trainer.max_epochs:
+                analysing.append((len(traces), len(forwards)))
+
+    trainer.callbacks.insert(0, Mark())
+    trainer.fit(model, datamodule=data)
+    assert callback.analysis is not None, "the tiny CNN should reach zero training error"
+    first_trace, first_forward = analysing[0]
+    assert traces[first_trace:] == [8]  # the scope's freeze: whole_network_support_vectors reuses its graph
+    assert forwards[first_forward:].count(m) == 1  # the training set once; the validation set has its own
