@@ -75,8 +75,7 @@ def pytest_collection_modifyitems(config, items):
     """``quick``: the inner loop's subset (``python -m pytest -m quick``, under about 2 minutes on 2 cores), every
     test but those of :data:`SLOW_FOLDERS` and of ``slow_tests.txt``; ``python -m pytest`` runs everything."""
     for item in items:
-        function = item.nodeid.split("[")[0]
-        if not item.nodeid.startswith(SLOW_FOLDERS) and function not in SLOW_TESTS:
+        if not item.nodeid.startswith(SLOW_FOLDERS) and item.nodeid not in SLOW_TESTS:
             item.add_marker(pytest.mark.quick)
 
 
