@@ -101,10 +101,18 @@ def test_a_block_that_rounds_otherwise_does_not_change_a_choice(traced, monkeypa
     """Blocks of several samples made to round otherwise (a relative 1e-14 added to every convolution of a block,
     as another summation order could): the choices are still those of each sample's forward run alone. Without the
     near-tie rule the crafted near-ties flip."""
-    import lightning_nsv.kernel.rules as R
-
     graph, x = traced
     reference = alone(graph, x)
+    round_blocks_otherwise(monkeypatch)
+    gates = compute_gates(graph, x, memory_bytes=8 * graph.peak_elements * rows)
+    assert_same_choices(gates, reference)
+
+
+def round_blocks_otherwise(monkeypatch) -> None:
+    """Every convolution of a block of several samples rounds otherwise (a relative 1e-14 of seeded noise added, as
+    another summation order could); a sample alone is left exact."""
+    import lightning_nsv.kernel.rules as R
+
     exact = R.conv2d_by_shifts
 
     def rounding_otherwise(inputs, weight, bias, pad):
@@ -115,8 +123,6 @@ def test_a_block_that_rounds_otherwise_does_not_change_a_choice(traced, monkeypa
         return out + 1e-14 * out.abs().amax() * noise
 
     monkeypatch.setattr(R, "conv2d_by_shifts", rounding_otherwise)
-    gates = compute_gates(graph, x, memory_bytes=8 * graph.peak_elements * rows)
-    assert_same_choices(gates, reference)
 
 
 def test_no_samples_give_empty_choices(traced):

@@ -121,9 +121,8 @@ class VocabularyTies(nn.Module):
 @pytest.mark.parametrize("rows", [1, 7, 70])
 def test_near_ties_of_the_new_choices_are_decided_alone(rows, monkeypatch):
     """Blocks that round otherwise (tests/kernel/test_gate_ties.py) give the choices of each sample's forward run alone."""
-    import lightning_nsv.kernel.rules as R
     from lightning_nsv.kernel.graph import Recorder, run
-    from tests.kernel.test_gate_ties import alone, assert_same_choices, near_tie_inputs
+    from tests.kernel.test_gate_ties import alone, assert_same_choices, near_tie_inputs, round_blocks_otherwise
 
     module, x = VocabularyTies().double(), near_tie_inputs()
     graph = trace(module, x[:8])
@@ -131,16 +130,7 @@ def test_near_ties_of_the_new_choices_are_decided_alone(rows, monkeypatch):
     run(graph, x, "forward", recorder)
     assert 0 < int(recorder.ties.sum()) < len(x)
     reference = alone(graph, x)
-    exact = R.conv2d_by_shifts
-
-    def rounding_otherwise(inputs, weight, bias, pad):
-        out = exact(inputs, weight, bias, pad)
-        if len(inputs) == 1:
-            return out
-        noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
-        return out + 1e-14 * out.abs().amax() * noise
-
-    monkeypatch.setattr(R, "conv2d_by_shifts", rounding_otherwise)
+    round_blocks_otherwise(monkeypatch)
     assert_same_choices(compute_gates(graph, x, memory_bytes=8 * graph.peak_elements * rows), reference)
 
 

@@ -22,17 +22,12 @@ from tests.pair_reference import output_phi
 from tests.callbacks.test_callback_scope import CNN, _fit
 from lightning_nsv.datamodules import DigitsDataModule
 from tests.kernel.test_pair_network import Residual, TinyResNet, randomise_bn
-from tests.analysis.test_whole_network import digits, own_labels, relative, tiny_cnn, train_to_zero_error, two_classes
+from tests.analysis.test_whole_network import (digits, one_thread, own_labels, relative, tiny_cnn,  # noqa: F401
+                                               train_to_zero_error, two_classes)
 
 TOL = 1e-12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def analyse(module, request, x, y, xv, yv):
