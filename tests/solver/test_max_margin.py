@@ -63,14 +63,19 @@ def test_matches_scikit_learn_on_symmetric_data(seed):
     y = np.where(x @ rng.normal(size=4) >= 0, 1, -1)
     x, y = np.vstack([x, -x]), np.concatenate([y, -y])
     kernel = (x @ x.T) * (1 + 0.5 * (x @ x.T) ** 2)  # odd in x, so mirroring is preserved
-    ours = max_margin(kernel, y)
+    # the kernel has rank 24 < 120, so α is not unique: compare the classifier and its margin
+    assert_the_classifier_of_scikit_learn(kernel, y, max_margin(kernel, y))
+
+
+def assert_the_classifier_of_scikit_learn(kernel: np.ndarray, y: np.ndarray, result) -> None:
+    """``result`` gives scikit-learn's classifier and margin on mirrored data (its intercept 0): α need not be unique
+    where the kernel is singular, the classifier is."""
     svc = SVC(kernel="precomputed", C=1e8, tol=1e-8, shrinking=False).fit(kernel, y)
     reference = np.zeros(len(y))
     reference[svc.support_] = np.abs(svc.dual_coef_[0])
     assert abs(svc.intercept_[0]) < 1e-4
-    # the kernel has rank 24 < 120, so α is not unique: compare the classifier and its margin
-    np.testing.assert_allclose(kernel @ (ours.alpha_ * y), kernel @ (reference * y), atol=1e-4)
-    assert ours.norm_v_sq == pytest.approx(reference @ (kernel * np.outer(y, y)) @ reference, rel=1e-5)
+    np.testing.assert_allclose(kernel @ (result.alpha_ * y), kernel @ (reference * y), atol=1e-4)
+    assert result.norm_v_sq == pytest.approx(reference @ (kernel * np.outer(y, y)) @ reference, rel=1e-5)
 
 
 def test_intercept_protocol_is_scikit_learn_on_normalised_kernel():

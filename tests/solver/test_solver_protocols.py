@@ -4,7 +4,6 @@ active-set solver to the solution of the real one."""
 import numpy as np
 import pytest
 import torch
-from sklearn.svm import SVC
 
 from lightning_nsv.solver import max_margin, pair_max_margin
 from lightning_nsv.solver.active_set import active_set
@@ -19,7 +18,7 @@ from lightning_nsv.solver.factor import FreeSet, NumpyFreeSet, TorchFreeSet
 from lightning_nsv.solver.pair_store import PairColumns, PairStore, SampleRows
 from lightning_nsv.solver.protocol import DenseColumns, KernelColumns
 from lightning_nsv.solver.store_protocol import Candidates, DeviceStore, Store, StoredCandidates
-from tests.solver.test_max_margin import enumerate_kkt, separable
+from tests.solver.test_max_margin import assert_the_classifier_of_scikit_learn, enumerate_kkt, separable
 
 M = 40
 
@@ -203,12 +202,7 @@ def test_a_store_written_against_the_protocol_matches_scikit_learn():
     kernel = x @ x.T
     fake = _fake_solution(kernel, y)
     # a sample and its mirror have one signed feature, so α is not unique: compare the classifier and its margin
-    svc = SVC(kernel="precomputed", C=1e8, tol=1e-8, shrinking=False).fit(kernel, y)
-    reference = np.zeros(len(y))
-    reference[svc.support_] = np.abs(svc.dual_coef_[0])
-    assert abs(svc.intercept_[0]) < 1e-4
-    np.testing.assert_allclose(kernel @ (fake.alpha_ * y), kernel @ (reference * y), atol=1e-4)
-    assert fake.norm_v_sq == pytest.approx(reference @ (kernel * np.outer(y, y)) @ reference, rel=1e-5)
+    assert_the_classifier_of_scikit_learn(kernel, y, fake)
 
 
 def test_a_store_written_against_the_protocol_solves_the_pair_problem():
