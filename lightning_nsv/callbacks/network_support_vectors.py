@@ -1,8 +1,11 @@
 """Network support vectors of a Leaky-ReLU-family classifier, as soon as it reaches zero training error.
 
-This module holds the callback's Lightning hooks and their orchestration; its checks are in
-:mod:`~lightning_nsv.callbacks.nsv_checks`, its outputs (artifact, report, HParams, figures) in
-:mod:`~lightning_nsv.callbacks.nsv_outputs`, and how it reads the data in :mod:`~lightning_nsv.callbacks.nsv_data`.
+This module holds the callback's Lightning hooks and their orchestration. The callback owns three parts, each with
+explicit arguments and return values: its :class:`~lightning_nsv.scope.Scope` (what is analysed, chosen once by
+:func:`~lightning_nsv.callbacks.nsv_scope.choose`), a :class:`~lightning_nsv.callbacks.zero_error.ZeroErrorMonitor`
+(the zero-error pass and its checks) and a :class:`~lightning_nsv.callbacks.nsv_outputs.Reporter` (what is said,
+saved and logged). Its arguments are checked in :mod:`~lightning_nsv.callbacks.nsv_checks`, and how it reads the data
+is in :mod:`~lightning_nsv.callbacks.nsv_data`.
 """
 from __future__ import annotations
 

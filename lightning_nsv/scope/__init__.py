@@ -9,15 +9,17 @@ everything from the input of a named submodule on (what comes before it a fixed 
 its methods; nothing else asks which it is.
 """
 from lightning_nsv.scope.base import AnalysisOptions, Frozen, Scope
-from lightning_nsv.scope.choice import (EXAMPLE_SAMPLES, RESULT_SCOPES, SCOPES, check_request, check_scope, NoAnalysableScopeError, ScopeDecision, ScopeRequest, choose_scope,
-                                        find_head, scope_of_result)
+from lightning_nsv.scope.choice import (EXAMPLE_SAMPLES, RESULT_SCOPES, SCOPES, NoAnalysableScopeError, ScopeDecision,
+                                        ScopeRequest, check_request, check_scope, choose_scope, find_head,
+                                        scope_of_result)
 from lightning_nsv.scope.cut import CUT_PREFIX, CutScope, cut_name
 from lightning_nsv.scope.head import HeadScope, head_scope_line
 from lightning_nsv.scope.outputs import (OUTPUT_SAMPLES, module_device, module_inputs, module_outputs, network_outputs,
                                          output_indices)
 from lightning_nsv.scope.whole import TracedNetwork, WholeScope, whole_network_payload
 
-__all__ = ["CUT_PREFIX", "CutScope", "check_scope", "cut_name", "AnalysisOptions", "EXAMPLE_SAMPLES", "Frozen", "HeadScope", "NoAnalysableScopeError", "OUTPUT_SAMPLES", "RESULT_SCOPES", "SCOPES", "Scope", "check_request",
-           "ScopeDecision", "ScopeRequest", "TracedNetwork", "WholeScope", "choose_scope", "find_head",
-           "head_scope_line", "module_device", "module_inputs", "module_outputs", "network_outputs", "output_indices",
-           "scope_of_result", "whole_network_payload"]
+__all__ = ["AnalysisOptions", "check_request", "check_scope", "choose_scope", "cut_name", "CUT_PREFIX", "CutScope",
+           "EXAMPLE_SAMPLES", "find_head", "Frozen", "head_scope_line", "HeadScope", "module_device",
+           "module_inputs", "module_outputs", "network_outputs", "NoAnalysableScopeError", "output_indices",
+           "OUTPUT_SAMPLES", "RESULT_SCOPES", "Scope", "scope_of_result", "ScopeDecision", "ScopeRequest", "SCOPES",
+           "TracedNetwork", "whole_network_payload", "WholeScope"]
