@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_nsv.extract import PathPart, UnsupportedNetworkError, find_path_part
-from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, scope_summary, trace
+from lightning_nsv.kernel import NotPiecewiseLinearError, PiecewiseGraph, ScopeSummary, scope_summary, trace
 from lightning_nsv.models.layers import eval_mode
 from lightning_nsv.scope.base import AnalysisOptions, Scope
 from lightning_nsv.scope.cut import CUT_PREFIX, CutScope, cut_name
@@ -81,9 +81,8 @@ def _traces(module: nn.Module, example: Tensor) -> bool:
     return True
 
 
-def _is_the_head(part: PathPart | None, graph: PiecewiseGraph) -> bool:
-    """Whether the traced module is no more than the head (a Linear/Leaky-ReLU chain after reshapes)."""
-    summary = scope_summary(graph)
+def _is_the_head(part: PathPart | None, summary: ScopeSummary) -> bool:
+    """Whether the traced module (``summary``) is no more than the head (a Linear/Leaky-ReLU chain after reshapes)."""
     return (part is not None and parameter_free(part.embedding) and summary.max_pools == 0
             and summary.maps == len(part.linears) and summary.gate_layers == len(part.linears) - 1)
 
@@ -129,7 +128,7 @@ def choose_scope(module: nn.Module, example: Tensor, request: ScopeRequest = Sco
         how = "is not piecewise linear" if isinstance(err, NotPiecewiseLinearError) else "could not be traced"
         return fall_back(f"it {how} as a whole: {str(err).rstrip('.')}", whole_traces=False)
     summary = scope_summary(graph)
-    if request.scope == "auto" and _is_the_head(head, graph):
+    if request.scope == "auto" and _is_the_head(head, summary):
         chain = head_scope(f"path kernel of the {summary} (a Linear/Leaky-ReLU chain: the head's kernel)", True)
         if chain.output_mismatch(module, example[:EXAMPLE_SAMPLES], "the example inputs") is None:
             return ScopeDecision(chain)
