@@ -264,8 +264,9 @@ def whole_network_support_vectors(
         fit = _fit(graph, x_train, y, block_bytes=block_bytes, n_val=0 if x_val is None else len(x_val),
                    memory_bytes=memory_bytes, sharing=sharing, initial=initial, solver=solver, tol=tol, delta=delta,
                    scope_name=scope_name, cost=cost, gates=gates)
-        validation = {} if x_val is None else held_out(graph, fit.columns, fit.gates, fit.solved.svm, y, x_val, y_val,
-                                                        binary, block_bytes, cost.validation_pairs)
+        with fit.columns.owning_the_cores():
+            validation = {} if x_val is None else held_out(graph, fit.columns, fit.gates, fit.solved.svm, y, x_val,
+                                                            y_val, binary, block_bytes, cost.validation_pairs)
     finally:
         cost.close()
     common = dict(svm=fit.solved.svm, m=fit.m, n_hidden=fit.scope.gates, network_margin=fit.solved.network_margin,
@@ -322,18 +323,20 @@ def _fit(graph, x_train, y, *, block_bytes, n_val, memory_bytes, sharing, initia
     margins = check_zero_error(x_train, y, outputs, binary)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes,
                                  cache_bytes=cache_budget(parts["total"], budget, m))
-    cost.before_solve(columns, n_val, parts["total"])
-    shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
-    budgeted = BudgetedColumns(shared, parts["total"], budget)
-    diag = budgeted.diagonal()
     scope = scope_summary(graph, scope_name)
-    if binary:
-        solved = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
-        side_bits = scope.gates
-    else:
-        side_bits = scope.gates + math.ceil(math.log2(num_outputs))
-        solved = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
-    return _Fit(solved, m, scope, unique_patterns(gates), delta,
+    patterns = unique_patterns(gates)
+    with columns.owning_the_cores():  # the estimate's tile, the diagonal and the solve
+        cost.before_solve(columns, n_val, parts["total"])
+        shared = columns if sharing is None else ShardedPairColumns(columns, sharing.group, sharing.root)
+        budgeted = BudgetedColumns(shared, parts["total"], budget)
+        diag = budgeted.diagonal()
+        if binary:
+            solved = _binary(graph, y, outputs[:, 0], margins, budgeted, diag, initial, solver, tol)
+            side_bits = scope.gates
+        else:
+            side_bits = scope.gates + math.ceil(math.log2(num_outputs))
+            solved = _multiclass(y.numpy(), outputs, margins, budgeted, diag, initial, tol, gram)
+    return _Fit(solved, m, scope, patterns, delta,
                 compression_bound(m, solved.svm.n_support_, side_bits, delta), side_bits, columns, gates)
 
 
@@ -369,7 +372,8 @@ def serve_whole_network_columns(module: nn.Module, x_train: Tensor, *, block_byt
     graph = _trace(module, x_train)
     gates = compute_gates(graph, x_train, memory_bytes=block_bytes)
     columns = PairNetworkColumns(graph, x_train, gates, memory_bytes=block_bytes)
-    return ShardedPairColumns(columns, group, root).serve()
+    with columns.owning_the_cores():
+        return ShardedPairColumns(columns, group, root).serve()
 
 
 def _cut(module: nn.Module, start: str, x_train: Tensor,

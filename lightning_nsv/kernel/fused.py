@@ -7,7 +7,9 @@ per-sample factors and the engine that runs the program on pairs: ``numba`` (com
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -62,8 +64,27 @@ class FusedPairs:
 
     def __init__(self, program: PairProgram, factors: SampleFactors, engine: str, device: torch.device) -> None:
         self.program, self.factors, self.engine, self.device = program, factors, engine, device
+        self.threads: int | None = None  # the compiled runner's threads (None: torch's at each call)
         if engine == "torch":
             self._bits, self._dense = factors.tensors(device)
+
+    @contextlib.contextmanager
+    def owning_the_cores(self) -> Iterator[None]:
+        """Inside the block torch runs on one thread and the compiled runner on the threads torch had: torch's
+        OpenMP workers spin for milliseconds after each of its parallel operations and take the cores from the
+        runner's threads (the solver's small torch steps between two tiles slowed the tiles by about a third;
+        ``benchmarks/runner_threads.py``). The torch engine keeps torch's threads."""
+        if self.engine != "numba" or self.threads is not None:
+            yield
+            return
+        threads = torch.get_num_threads()
+        self.threads = threads
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            self.threads = None
 
     @property
     def nbytes(self) -> int:
@@ -72,7 +93,8 @@ class FusedPairs:
     def outer(self, rows: Tensor, cols: Tensor) -> Tensor:
         """``K[rows][:, cols]``, float64 on the graph's device."""
         if self.engine == "numba":
-            out = numba_outer(self.program, self.factors, rows.cpu().numpy(), cols.cpu().numpy())
+            out = numba_outer(self.program, self.factors, rows.cpu().numpy(), cols.cpu().numpy(),
+                              self.threads)
             return torch.from_numpy(out).to(self.device)
         first = rows.to(self.device).repeat_interleave(len(cols))
         second = cols.to(self.device).repeat(len(rows))
@@ -82,7 +104,7 @@ class FusedPairs:
         """``K(x_first[k], x_second[k])``, float64 on the graph's device."""
         if self.engine == "numba":
             return torch.from_numpy(numba_pairs(self.program, self.factors, first.cpu().numpy(),
-                                                second.cpu().numpy())).to(self.device)
+                                                second.cpu().numpy(), self.threads)).to(self.device)
         return self._torch(first.to(self.device), second.to(self.device))
 
     def _torch(self, first: Tensor, second: Tensor) -> Tensor:

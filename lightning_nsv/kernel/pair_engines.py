@@ -316,7 +316,8 @@ def numba_pairs(program: PairProgram, factors: SampleFactors, first: np.ndarray,
 
 
 BLOCK_SIDE = 8  # samples a side of a block of pairs: 16 samples' factors (37 KiB each for SmallResNet(16)) in L2
-THREADED_PAIRS = 2048  # a tile of fewer pairs (a few ms) runs on one thread
+THREADED_PAIRS = 128  # a tile of fewer pairs runs on one thread (15 × 15 pairs of SmallResNet(16): 7.2 µs a pair on
+# one thread, 4.6 on two; a tile of one block has nothing to share)
 
 
 def numba_outer(program: PairProgram, factors: SampleFactors, rows: np.ndarray, cols: np.ndarray,

@@ -6,6 +6,7 @@ samples; ``||wbar||²`` is the output of the *norm network* run on ones (the rul
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -220,6 +221,12 @@ class PairNetworkColumns(KernelColumns):
     @property
     def device(self) -> torch.device:
         return self.graph.device
+
+    def owning_the_cores(self) -> contextlib.AbstractContextManager:
+        """A block in which torch runs on one thread and the compiled runner on the threads torch had
+        (:meth:`FusedPairs.owning_the_cores`): around a solve, whose small torch steps between tiles would
+        otherwise leave torch's workers spinning on the runner's cores."""
+        return self.fused.owning_the_cores() if self.fused is not None else contextlib.nullcontext()
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lightning_nsv.kernel.gates import Gates
@@ -39,20 +40,49 @@ def scope_summary(graph: PiecewiseGraph, scope: str = "whole network") -> ScopeS
 
 def unique_patterns(*gate_sets: Gates) -> int:
     """Distinct activation patterns across the given sets: every slope bit and every max-pool selection of a
-    sample (DESIGN.md §2). A network without gates has one (empty) pattern."""
-    rows = []
+    sample (DESIGN.md §2). A network without gates has one (empty) pattern. Exact: each sample's pattern is a row
+    of bytes (each layer's bits packed); rows are grouped by a 64-bit hash and rows that share one are compared
+    byte for byte."""
+    parts = []
     for gates in gate_sets:
-        parts = [b.reshape(len(gates), -1).to(torch.uint8) for b in gates.bits.values()]
-        parts += [s.reshape(len(gates), -1).contiguous().view(torch.uint8) for s in gates.selections.values()]
-        if not parts:
+        m = len(gates)
+        row = [np.packbits(b.reshape(m, -1).cpu().numpy(), axis=1) for b in gates.bits.values()]
+        row += [s.reshape(m, -1).cpu().contiguous().numpy().view(np.uint8) for s in gates.selections.values()]
+        if not row:
             return 1 if sum(len(g) for g in gate_sets) else 0
-        rows.append(torch.cat([p.reshape(len(gates), -1).cpu() for p in parts], dim=1))
-    data = torch.cat(rows)
-    if data.shape[0] == 0:
+        parts.append(row)
+    pieces = [np.concatenate(column) for column in zip(*parts)]  # per layer, the rows of every set
+    m = len(pieces[0])
+    if m == 0:
         return 0
-    bits_end = sum(b[0].numel() for b in gate_sets[0].bits.values())
-    bits, rest = data[:, :bits_end], data[:, bits_end:]
-    pad = (-bits.shape[1]) % 8
-    packed = torch.nn.functional.pad(bits, (0, pad)).reshape(len(data), -1, 8)
-    packed = (packed << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
-    return int(torch.unique(torch.cat([packed, rest], dim=1), dim=0).shape[0])
+    return distinct_rows(pieces, _row_hashes(pieces))
+
+
+def _row_hashes(pieces: list[np.ndarray]) -> np.ndarray:
+    """A 64-bit hash of every row of the uint8 matrices ``pieces`` side by side (random odd multipliers of each
+    8-byte word, summed modulo 2**64)."""
+    m = len(pieces[0])
+    rng = np.random.default_rng(0)
+    hashes = np.zeros(m, dtype=np.uint64)
+    for piece in pieces:
+        words = np.zeros((m, -(-piece.shape[1] // 8) * 8), dtype=np.uint8)
+        words[:, :piece.shape[1]] = piece
+        words = words.view(np.uint64)
+        multipliers = rng.integers(1, 2**63, size=words.shape[1], dtype=np.uint64) | np.uint64(1)
+        with np.errstate(over="ignore"):
+            hashes += words @ multipliers  # wraps modulo 2**64
+    return hashes
+
+
+def distinct_rows(pieces: list[np.ndarray], hashes: np.ndarray) -> int:
+    """The number of distinct rows of the uint8 matrices ``pieces`` side by side, given a hash of each row: rows
+    that share a hash are compared byte for byte, so the count is exact whatever the hash."""
+    m = len(hashes)
+    order = np.argsort(hashes, kind="stable")
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(hashes[order])) + 1, [m]])
+    sizes = np.diff(bounds)
+    distinct = int((sizes == 1).sum())
+    for lo, hi in zip(bounds[:-1][sizes > 1], bounds[1:][sizes > 1]):  # one hash: the distinct rows themselves
+        group = order[lo:hi]
+        distinct += len(np.unique(np.concatenate([piece[group] for piece in pieces], axis=1), axis=0))
+    return distinct

@@ -285,6 +285,22 @@ def test_scope_summary_and_unique_patterns():
     assert unique_patterns(compute_gates(graph, x[:3]), compute_gates(graph, x[3:])) == count
 
 
+
+@pytest.mark.parametrize("hashes", ["computed", "all equal", "two values"])
+def test_distinct_rows_is_exact_whatever_the_hash(hashes):
+    """Rows that share a hash are compared byte for byte: one hash for every row, or two, count the same as the
+    real hash and as numpy's unique rows."""
+    from lightning_nsv.kernel.summary import _row_hashes, distinct_rows
+
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2, size=(40, 13), dtype=np.uint8)
+    rows = np.concatenate([base, base[:17], base[5:9]])
+    pieces = [np.packbits(rows[:, :9], axis=1), rows[:, 9:].copy()]
+    expected = len(np.unique(rows, axis=0))
+    given = {"computed": _row_hashes(pieces), "all equal": np.zeros(len(rows), dtype=np.uint64),
+             "two values": (np.arange(len(rows)) % 2).astype(np.uint64)}[hashes]
+    assert distinct_rows(pieces, given) == expected == 40
+
 class GELUBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -160,6 +160,37 @@ def test_threads_and_blocks_do_not_change_the_kernel(monkeypatch):
     assert np.array_equal(first.reshape(-1), aligned)
 
 
+
+def test_the_runner_owns_the_cores_inside_a_solve(monkeypatch):
+    """Inside ``owning_the_cores`` torch runs on one thread and the compiled runner on the threads torch had
+    (restored on exit, also after an error); the torch engine keeps torch's threads; the kernel is the same."""
+    torch.manual_seed(0)
+    module = randomise_bn(SmallResNet(2, 1, 4, (1, 1))).eval()
+    x = inputs((2, 8, 8), n=12)
+    numba_columns, torch_columns = columns(module, x, engine="numba"), columns(module, x, engine="torch")
+    seen = []
+    runner = pair_engines.numba_outer
+    monkeypatch.setattr("lightning_nsv.kernel.fused.numba_outer",
+                        lambda *args: seen.append((args[-1], torch.get_num_threads())) or runner(*args))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outside = numba_columns.block(list(range(12)))
+        inside = columns(module, x, engine="numba")
+        with inside.owning_the_cores():
+            assert torch.get_num_threads() == 1
+            values = inside.block(list(range(12)))
+        assert torch.get_num_threads() == 2 and seen[0] == (None, 2) and seen[-1] == (2, 1)
+        assert torch.equal(outside, values)
+        with pytest.raises(RuntimeError, match="inside"):
+            with numba_columns.owning_the_cores():
+                raise RuntimeError("inside")
+        assert torch.get_num_threads() == 2 and numba_columns.fused.threads is None
+        with torch_columns.owning_the_cores():
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(saved)
+
 @st.composite
 def convolutions(draw):
     """One convolution of any geometry (1D or 2D, stride, padding or 'same', dilation, groups, bias), a gate, an
