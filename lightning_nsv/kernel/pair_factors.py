@@ -181,11 +181,11 @@ def _dense(value: Tensor, is_mask: bool, recipe: Recipe, family) -> Tensor:
 
 def _pack(mask: Tensor, word_bits: int, count: int) -> np.ndarray:
     """A bool mask ``(n, C, P)`` as words ``(n, count, P)``: bit ``k`` of word ``w`` is channel ``word_bits·w + k``
-    (distinct bits, so their sum is their OR; the top bit of a 64-bit word wraps to the sign, the same bits)."""
+    (each position's channels packed into little-endian bytes, read as words of ``word_bits``)."""
     n, channels, positions = mask.shape
-    lanes = mask.cpu().to(torch.int64)
+    lanes = mask.cpu().numpy()
     if channels < count * word_bits:
-        lanes = torch.nn.functional.pad(lanes, (0, 0, 0, count * word_bits - channels))
-    shifts = torch.arange(word_bits, dtype=torch.int64).view(1, 1, word_bits, 1)
-    words = (lanes.view(n, count, word_bits, positions) << shifts).sum(2).numpy()
-    return words.view(np.uint64) if word_bits == 64 else words.astype(WORD_DTYPES[word_bits])
+        lanes = np.concatenate([lanes, np.zeros((n, count * word_bits - channels, positions), dtype=bool)], axis=1)
+    packed = np.packbits(np.ascontiguousarray(lanes.transpose(0, 2, 1)), axis=2, bitorder="little")  # (n, P, bytes)
+    words = packed.view(np.dtype(f"<u{word_bits // 8}")).astype(WORD_DTYPES[word_bits], copy=False)
+    return np.ascontiguousarray(words.transpose(0, 2, 1))
