@@ -181,11 +181,14 @@ def _dense(value: Tensor, is_mask: bool, recipe: Recipe, family) -> Tensor:
 
 def _pack(mask: Tensor, word_bits: int, count: int) -> np.ndarray:
     """A bool mask ``(n, C, P)`` as words ``(n, count, P)``: bit ``k`` of word ``w`` is channel ``word_bits·w + k``
-    (each position's channels packed into little-endian bytes, read as words of ``word_bits``)."""
+    (eight channels at a time summed into a byte by their bit weights, a position's bytes read as one little-endian
+    word)."""
     n, channels, positions = mask.shape
-    lanes = mask.cpu().numpy()
     if channels < count * word_bits:
-        lanes = np.concatenate([lanes, np.zeros((n, count * word_bits - channels, positions), dtype=bool)], axis=1)
-    packed = np.packbits(np.ascontiguousarray(lanes.transpose(0, 2, 1)), axis=2, bitorder="little")  # (n, P, bytes)
-    words = packed.view(np.dtype(f"<u{word_bits // 8}")).astype(WORD_DTYPES[word_bits], copy=False)
-    return np.ascontiguousarray(words.transpose(0, 2, 1))
+        mask = torch.nn.functional.pad(mask, (0, 0, 0, count * word_bits - channels))
+    lanes = mask.view(torch.uint8).reshape(n, count * word_bits // 8, 8, positions)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device).view(1, 1, 8, 1)
+    octets = (lanes * weights).sum(2, dtype=torch.uint8).view(n, count, word_bits // 8, positions)
+    octets = octets.permute(0, 1, 3, 2).contiguous().cpu().numpy()  # (n, count, P, bytes)
+    words = octets.view(np.dtype(f"<u{word_bits // 8}")).reshape(n, count, positions)
+    return words.astype(WORD_DTYPES[word_bits], copy=False)
