@@ -69,10 +69,14 @@ def check_factors(program, bits, dense) -> None:
     """Refuse factors (numpy or torch ``bits``, ``dense``) of another program: the runner reads each row at the
     program's offsets."""
     width = 8 * (bits.element_size() if isinstance(bits, Tensor) else bits.itemsize)
+    kind = str(dense.dtype).removeprefix("torch.")
+    if kind not in ("float32", "float64"):
+        raise ValueError(f"factor values must be float64 or float32, got {kind}: form them with "
+                         "sample_factors(program, graph, x, gates)")
     if (tuple(bits.shape[1:]), tuple(dense.shape[1:]), width) != ((program.words,), (program.dense,),
                                                                    program.word_bits) or len(bits) != len(dense):
         raise ValueError(f"factors of {len(bits)} samples of {tuple(bits.shape[1:])} words of {width} bits and "
-                         f"{len(dense)} of {tuple(dense.shape[1:])} float64 values, but the program reads "
+                         f"{len(dense)} of {tuple(dense.shape[1:])} {kind} values, but the program reads "
                          f"{program.words} words of {program.word_bits} bits and {program.dense} values a sample: "
                          "form them with sample_factors(program, graph, x, gates) of this program")
 

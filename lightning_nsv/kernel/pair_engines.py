@@ -77,11 +77,11 @@ if numba is not None:
         if not is_bits and s0 < 0 and fresh:  # an input's overlap, straight into its register
             a, b = a_row[off:off + n], b_row[off:off + n]
             for p in range(n):
-                d[p] = a[p] * b[p]
+                d[p] = np.float64(a[p]) * np.float64(b[p])
             for c in range(1, count):
                 a, b = a_row[off + c * n:off + (c + 1) * n], b_row[off + c * n:off + (c + 1) * n]
                 for p in range(n):
-                    d[p] += a[p] * b[p]
+                    d[p] += np.float64(a[p]) * np.float64(b[p])
             if value != 1.0:
                 for p in range(n):
                     d[p] *= value
@@ -95,7 +95,7 @@ if numba is not None:
                     t[p] += _popcount(a[p] & b[p])
             else:
                 for p in range(n):
-                    t[p] += a[p] * b[p]
+                    t[p] += np.float64(a[p]) * np.float64(b[p])
         if s0 >= 0:
             m = s[s0:s0 + n]
             if fresh:
@@ -377,7 +377,7 @@ def torch_pairs(program: PairProgram, bits: Tensor, dense: Tensor, first: Tensor
                 reg(dst, n).copy_(reg(dst, n) + term if acc or t else term)
         elif op == OVERLAP_DENSE:
             n, acc, off, count = row[4:8]
-            a, b = dense[first, off:off + count * n], dense[second, off:off + count * n]
+            a, b = (dense[k, off:off + count * n].to(torch.float64) for k in (first, second))
             term = value * (a * b).view(len(first), count, n).sum(1) * (reg(s0, n) if s0 >= 0 else 1.0)
             reg(dst, n).copy_(reg(dst, n) + term if acc else term)
         elif op == AXPY:

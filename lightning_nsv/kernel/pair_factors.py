@@ -3,8 +3,10 @@
 A factor ``A(x)[c, p]`` is a product of the input, gate slopes and max-pool hit indicators ``[sel(x) = j]``
 (:data:`~lightning_nsv.kernel.pair_program.Recipe`). One that is a constant times a 0/1 mask is stored as words of
 ``word_bits`` channel bits per position (the program's overlaps count the set bits of ANDed words), the others as
-float64. A sample's factors lie in one row: ``bits[i]`` (words) and ``dense[i]`` (float64), each factor laid out
-``(count, positions)`` at its slot's offset.
+float64 values. A sample's factors lie in one row: ``bits[i]`` (words) and ``dense[i]`` (values), each factor laid out
+``(count, positions)`` at its slot's offset. The values are kept as float32 where every one of them is a float32
+exactly (float32 data through ReLU-type gates): half the memory traffic of a pair's input overlap, the same numbers
+(the runners multiply them in float64).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ CHUNK_BYTES = 256 << 20  # intermediate factors of one chunk of samples (bool ma
 @dataclass
 class SampleFactors:
     """The factors of ``m`` samples: ``bits`` ``(m, program.words)`` unsigned words, ``dense`` ``(m,
-    program.dense)`` float64 (numpy, on the CPU)."""
+    program.dense)`` float64, or float32 where that holds every value exactly (numpy, on the CPU)."""
 
     bits: np.ndarray
     dense: np.ndarray
@@ -70,7 +72,13 @@ def sample_factors(program: PairProgram, graph, x: Tensor, gates) -> SampleFacto
             else:
                 block = value.reshape(value.shape[0], -1).cpu().numpy()
                 dense[rows, slot.offset:slot.offset + count * positions] = block
-    return SampleFactors(bits, dense)
+    return SampleFactors(bits, narrowed(dense))
+
+
+def narrowed(values: np.ndarray) -> np.ndarray:
+    """``values`` as float32 where every one of them is a float32 exactly, else as they are."""
+    single = values.astype(np.float32)
+    return single if np.array_equal(single, values) else values
 
 
 def _evaluate(recipe: Recipe, graph, x: Tensor, gates, rows: slice, family, memo) -> tuple[Tensor, bool]:

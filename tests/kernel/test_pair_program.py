@@ -14,7 +14,7 @@ from torch import nn
 from lightning_nsv.kernel import PairNetworkColumns, compute_gates, trace
 from lightning_nsv.kernel import pair_engines
 from lightning_nsv.kernel.fused import fuse
-from lightning_nsv.kernel.pair_factors import sample_factors
+from lightning_nsv.kernel.pair_factors import SampleFactors, sample_factors
 from lightning_nsv.kernel.pair_program import NotFusable, compile_pair_program
 from lightning_nsv.models.residual import SmallResNet
 from tests.kernel.test_pair_factored import _InputFirst
@@ -145,6 +145,28 @@ def test_word_widths_give_the_same_kernel():
     assert all(np.array_equal(results[0], r) for r in results[1:])
     plain = columns(module, x, factored=False, collapse=False).columns_tensor(list(rows)).numpy()
     assert np.abs(results[0] - plain).max() <= TOL * np.abs(plain).max()
+
+
+def test_values_are_kept_as_float32_only_where_that_is_exact():
+    """float32 data gives float32 values, the same kernel as the same values in float64 on both runners; float64 data
+    that float32 cannot hold keeps float64 values."""
+    torch.manual_seed(0)
+    module = randomise_bn(SmallResNet(2, 1, 4, (1, 1))).eval()
+    x = inputs((2, 8, 8), n=7)
+    program, single = _kernel(module, x)
+    assert single.dense.dtype == np.float32
+    widened = SampleFactors(single.bits, single.dense.astype(np.float64))
+    rows = np.arange(7)
+    assert np.array_equal(pair_engines.numba_outer(program, single, rows, rows),
+                          pair_engines.numba_outer(program, widened, rows, rows))
+    first, second = torch.from_numpy(np.repeat(rows, 7)), torch.from_numpy(np.tile(rows, 7))
+    by_torch = [pair_engines.torch_pairs(program, *f.tensors("cpu"), first, second) for f in (single, widened)]
+    assert by_torch[0].dtype == torch.float64 and torch.equal(*by_torch)
+    fine = x.double() + 1e-12
+    program, double = _kernel(module.double(), fine)
+    assert double.dense.dtype == np.float64 and double.dense.min() != double.dense.astype(np.float32).min()
+    with pytest.raises(ValueError, match="float64 or float32"):
+        pair_engines.numba_outer(program, SampleFactors(double.bits, double.dense.astype(np.float16)), rows, rows)
 
 
 def test_threads_and_blocks_do_not_change_the_kernel(monkeypatch):
