@@ -157,7 +157,8 @@ class Gate(Rule):
         bits = z >= 0
         ctx.record(self.name, bits)
         if ctx.watch_ties:
-            ctx.tie(near_ties(z.abs(), z))
+            magnitude = z.abs()
+            ctx.tie(near_ties(magnitude, magnitude))
         if isinstance(self.beta, Tensor):
             return z * gate_slopes(bits, self.beta, self.gamma)
         if self.beta == 0.0 and self.gamma == 1.0:
@@ -286,7 +287,7 @@ class BatchNorm(Rule):
 
     def forward(self, args, kwargs, ctx):
         z = args[0]
-        return z * self._channel(self.scale, z) + self._channel(self.shift, z)
+        return (z * self._channel(self.scale, z)).add_(self._channel(self.shift, z))  # the same rounding, one buffer
 
     def pair(self, args, kwargs, ctx):
         return args[0] + 1.0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from lightning_nsv.kernel import compute_gates, trace
 from lightning_nsv.kernel.graph import Recorder, run
-from lightning_nsv.kernel.ties import TIE
+from lightning_nsv.kernel.ties import TIE, near_ties
 from tests.kernel.test_pair_network import randomise_bn
 
 
@@ -130,3 +131,25 @@ def test_no_samples_give_empty_choices(traced):
     gates = compute_gates(graph, x[:0])
     assert len(gates) == 0 and set(gates.bits) == {g.name for g in graph.gates}
     assert all(bits.shape == (0, *g.shape) for g, bits in zip(graph.gates, gates.bits.values()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2 ** 31), st.booleans(), st.booleans())
+def test_near_ties_is_the_elementwise_rule(seed, own_scale, with_exact_zeros):
+    """Per sample: any gap ``<= TIE · max |scale|`` outside the exact zeros, a NaN counting as a tie; by reductions
+    (smallest gap, largest magnitude) the same as the rule written out element by element."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(6, 3, 4, dtype=torch.float64, generator=g) * 10.0 ** torch.randint(-12, 3, (6, 1, 1), generator=g)
+    tiny = torch.rand(z.shape, generator=g, dtype=torch.float64) < 0.2
+    gap = torch.where(tiny, z.abs() * 1e-11, z.abs())
+    exact_zero = torch.rand(z.shape, generator=g) < 0.3 if with_exact_zeros else None
+    scale = gap if own_scale else z
+    largest = scale.abs().reshape(6, -1).max(1).values
+    expected = [any(float(a) <= TIE * float(largest[i]) and not (exact_zero is not None and bool(e))
+                    for a, e in zip(gap[i].reshape(-1), (exact_zero if exact_zero is not None else tiny)[i].reshape(-1)))
+                for i in range(6)]
+    assert near_ties(gap, scale, exact_zero).tolist() == expected
+    gap[0, 0, 0] = float("nan")
+    if exact_zero is not None:
+        exact_zero[0, 0, 0] = False
+    assert bool(near_ties(gap, scale, exact_zero)[0])
