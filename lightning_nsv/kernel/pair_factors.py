@@ -58,8 +58,9 @@ def sample_factors(program: PairProgram, graph, x: Tensor, gates) -> SampleFacto
     family = {g.name: (g.beta, g.gamma) for g in graph.gates}
     bits = np.zeros((m, program.words), dtype=WORD_DTYPES[program.word_bits])
     dense = np.zeros((m, program.dense), dtype=np.float64)
-    largest = max([math.prod(slot.shape) for slot in program.factors] + [1])
-    chunk = max(1, CHUNK_BYTES // (8 * largest * (2 + len(program.factors))))
+    sizes = [math.prod(slot.shape) for slot in program.factors]
+    # a chunk's memo holds every factor and the values they are made from: at most 8 bytes an entry, twice the largest
+    chunk = max(1, CHUNK_BYTES // (8 * (sum(sizes) + 2 * max(sizes + [1]))))
     for lo in range(0, m, chunk):
         rows = slice(lo, min(m, lo + chunk))
         memo: dict = {}
