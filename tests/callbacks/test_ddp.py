@@ -52,12 +52,13 @@ def _psi_ranks(tmp_path, mode):
 
 def test_psi_monitor_on_two_ranks_goes_on_past_a_diverged_network(tmp_path):
     rank0, rank1 = _psi_ranks(tmp_path, "diverge")
+    seen = f"rank 0: {rank0}, rank 1: {rank1}"  # what each rank wrote, for a failure that does not repeat
     for rank in (rank0, rank1):  # the same state on both: the result of epoch 0, no result at epochs 1 and 2
-        assert rank["raised"] is None and rank["epochs"] == 3
-        assert rank["last_epoch"] == 0 and rank["failed_epoch"] == 2 and rank["last_metrics"]["rank"] == 40.0
-    assert rank0["last_metrics"] == rank1["last_metrics"]
-    assert len(rank0["warnings"]) == 1 and "no analysis at epoch 1" in rank0["warnings"][0]
-    assert rank1["warnings"] == []  # rank-zero warning
+        assert rank["raised"] is None and rank["epochs"] == 3, seen
+        assert rank["last_epoch"] == 0 and rank["failed_epoch"] == 2 and rank["last_metrics"]["rank"] == 40.0, seen
+    assert rank0["last_metrics"] == rank1["last_metrics"], seen
+    assert len(rank0["warnings"]) == 1 and "no analysis at epoch 1" in rank0["warnings"][0], seen
+    assert rank1["warnings"] == [], seen  # rank-zero warning
 
 
 def test_psi_monitor_error_on_rank_zero_is_raised_on_both_ranks(tmp_path):
